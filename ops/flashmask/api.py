@@ -1,0 +1,140 @@
+"""Public entry point: ``flashmask_attention`` (validation and dispatch only).
+
+API shaped like Paddle's ``paddle.nn.functional.flashmask_attention``
+(python/paddle/nn/functional/flash_attention.py); the layout is ``[batch, seq, heads, head_dim]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_IMPLS = ("auto", "triton", "reference")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int, device) -> torch.Tensor:
+    """FlashMask vectors of a sliding window, int32 ``[batch, 1, seq_len, C]``.
+
+    ``causal=True``: ``window_size`` is ``w`` (or ``(w, 0)``); query i sees keys ``[i-w, i]``, LTS_j = min(j+w+1, S).
+    ``causal=False``: ``window_size`` is ``(wl, wr)``; query i sees keys ``[i-wl, i+wr]``,
+    LTS_j = min(j+wl+1, S), UTE_j = max(j-wr, 0) (Paddle's conversion).
+    """
+    if isinstance(window_size, int):
+        wl, wr = window_size, (0 if causal else window_size)
+    else:
+        wl, wr = window_size
+    _check(wl >= 0 and wr >= 0, f"window_size must be non-negative, got {window_size}")
+    j = torch.arange(seq_len, device=device)
+    lts = torch.clamp(j + wl + 1, max=seq_len)
+    if causal:
+        _check(wr == 0, f"causal sliding window takes window_size=w or (w, 0), got {window_size}")
+        vec = lts[:, None]
+    else:
+        vec = torch.stack([lts, torch.clamp(j - wr, min=0)], dim=-1)
+    return vec.to(torch.int32)[None, None].expand(batch, 1, seq_len, vec.shape[-1]).contiguous()
+
+
+def _validate(query, key, value, sri, causal, impl):
+    _check(impl in _IMPLS, f"impl must be one of {_IMPLS}, got {impl!r}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _check(t.dim() == 4, f"{name} must have shape [batch, seq, heads, head_dim], got {list(t.shape)}")
+        _check(t.dtype in (torch.float16, torch.bfloat16, torch.float32),
+               f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    b, s_q, h_q, d = query.shape
+    _check(key.dtype == query.dtype and value.dtype == query.dtype,
+           f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    _check(key.device == query.device and value.device == query.device,
+           f"query, key, value must be on one device, got {query.device}, {key.device}, {value.device}")
+    _check(key.shape == value.shape, f"key and value shapes differ: {list(key.shape)} vs {list(value.shape)}")
+    _check(key.shape[0] == b and key.shape[3] == d,
+           f"key must be [batch={b}, seq_k, heads_k, head_dim={d}], got {list(key.shape)}")
+    s_k, h_k = key.shape[1], key.shape[2]
+    _check(h_k > 0 and h_q % h_k == 0, f"query heads ({h_q}) must be a multiple of key/value heads ({h_k})")
+    if causal:
+        _check(s_q == s_k, f"causal=True requires seq_q == seq_k, got seq_q={s_q}, seq_k={s_k}")
+    if sri is None:
+        return
+    _check(isinstance(sri, torch.Tensor) and sri.dim() == 4,
+           f"startend_row_indices must be a 4-D tensor [batch, heads_mask, seq_k, C], got "
+           f"{list(sri.shape) if isinstance(sri, torch.Tensor) else type(sri).__name__}")
+    _check(sri.dtype == torch.int32, f"startend_row_indices must be int32, got {sri.dtype}")
+    _check(sri.device == query.device, f"startend_row_indices is on {sri.device}, query on {query.device}")
+    _check(sri.shape[0] == b and sri.shape[2] == s_k,
+           f"startend_row_indices must be [batch={b}, heads_mask, seq_k={s_k}, C], got {list(sri.shape)}")
+    _check(sri.shape[1] in (1, h_k),
+           f"startend_row_indices heads_mask must be 1 or heads_k={h_k}, got {sri.shape[1]}")
+    allowed_c = (1, 2) if causal else (2, 4)
+    _check(sri.shape[3] in allowed_c,
+           f"startend_row_indices last dim must be in {allowed_c} when causal={causal}, got {sri.shape[3]} "
+           f"(causal: [LTS] or [LTS, LTE]; non-causal: [LTS, UTE] or [LTS, LTE, UTS, UTE])")
+    if sri.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(sri.min()), int(sri.max())
+        _check(lo >= 0 and hi <= s_q,
+               f"startend_row_indices values must lie in [0, seq_q={s_q}], got min {lo}, max {hi}")
+
+
+def flashmask_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    startend_row_indices: torch.Tensor | None = None,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    window_size: int | tuple[int, int] | None = None,
+    dropout: float = 0.0,
+    return_softmax_lse: bool = False,
+    deterministic: bool = False,
+    impl: str = "auto",
+):
+    """FlashMask attention: softmax attention under a column-wise interval mask.
+
+    Args:
+        query: ``[B, S_q, H_q, D]`` fp16/bf16 (fp32 where the implementation supports it).
+        key, value: ``[B, S_k, H_k, D]``, same dtype and device; ``H_q`` a multiple of ``H_k`` (GQA/MQA).
+        startend_row_indices: int32 ``[B, H_mask, S_k, C]``, ``H_mask`` in {1, H_k}. Key column j is masked for
+            query rows in ``[LTS_j, LTE_j)`` and ``[UTS_j, UTE_j)``. causal=True: C=1 ``[LTS]`` or C=2
+            ``[LTS, LTE]``; causal=False: C=2 ``[LTS, UTE]`` or C=4 ``[LTS, LTE, UTS, UTE]``. Values in
+            ``[0, S_q]``. None means plain causal or full attention. Builders: :mod:`flashmask.masks`.
+        causal: add the causal mask (query i sees keys j <= i); requires ``S_q == S_k``.
+        softmax_scale: score multiplier, default ``D ** -0.5``.
+        window_size: sliding window (``w`` causal, ``(wl, wr)`` bidirectional); exclusive with indices.
+        dropout: must be 0.0; attention dropout is not implemented (a non-zero value raises).
+        return_softmax_lse: also return the natural-log LSE, fp32 ``[B, H_q, S_q]`` (-inf for empty rows).
+        deterministic: bitwise-reproducible backward (Triton: no atomics in dQ).
+        impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
+            choice never falls back.
+
+    Returns:
+        ``out [B, S_q, H_q, D]`` in the query dtype, or ``(out, softmax_lse)`` when asked. Rows that attend to
+        nothing give 0 output and 0 gradients.
+
+    Raises:
+        ValueError: on any malformed argument; the message gives the expected and actual values.
+        RuntimeError: ``impl="triton"`` on a machine without a usable Triton/CUDA device.
+
+    Source: Paddle ``flashmask_attention`` and FlashMask (Wang et al., ICLR 2025, arXiv 2410.01359).
+    """
+    _check(dropout == 0.0, f"dropout must be 0.0: FlashMask attention dropout is not implemented, got {dropout}")
+    if window_size is not None:
+        _check(startend_row_indices is None, "window_size and startend_row_indices cannot be combined")
+        startend_row_indices = sliding_window_startend(window_size, key.shape[1], causal, query.shape[0], query.device)
+    _validate(query, key, value, startend_row_indices, causal, impl)
+    scale = query.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+    if impl == "auto":
+        impl = "triton" if query.is_cuda else "reference"
+    if impl == "triton":
+        from .triton_flashmask import flashmask_attention_triton
+
+        out, lse = flashmask_attention_triton(query, key, value, startend_row_indices, causal, scale, deterministic)
+    else:
+        from .reference import flashmask_attention_reference
+
+        out, lse = flashmask_attention_reference(query, key, value, startend_row_indices, causal, scale)
+    return (out, lse) if return_softmax_lse else out
