@@ -1,0 +1,377 @@
+"""``PdArgumentParser``: PaddleNLP-compatible JSON + command-line parsing into typed dataclasses.
+
+Matches ``paddlenlp/trainer/argparser.py`` (``PdArgumentParser.parse_json_file_and_cmd_lines``): the launcher
+is called as ``python run_X.py cfg.json [--key value ...]``; the JSON is read first and command-line
+``--key value`` pairs override it (the command line wins). Every key must be a field of one of the
+dataclasses (PaddleNLP raises on leftovers too).
+
+Differences from PaddleNLP (all stricter or more informative):
+
+- Values are converted from the field's type annotation (``bool`` from ``true/false/1/0/yes/no``,
+  ``int``, ``float``, ``str``, ``Optional[...]``, ``List[...]``) and every problem (unknown key with the
+  nearest valid keys, bad value, missing required field, ``__post_init__`` errors of every dataclass) is
+  collected and raised as one ``ValueError``.
+- A key present in several dataclasses is set in all of them (PaddleNLP's argparse would refuse the
+  duplicate option; here e.g. ``benchmark`` can live in a DataArgument and in the training arguments).
+- Fields marked ``metadata={"inert": "<reason>"}`` are accepted but not acted on by this build; when such
+  keys are set, ONE warning lists them all with their reasons. When a key gets implemented, remove its
+  ``inert`` marker.
+- Invalid JSON is reported with file, line and column; duplicate keys in one JSON object are an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import sys
+import types
+import typing
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger(__name__)
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+_NONE = {"none", "null"}
+
+
+def inert(reason: str, **metadata) -> Dict[str, Any]:
+    """Field metadata marking a key as accepted-but-not-acted-on, with the ``reason`` shown in the warning."""
+    return {"inert": reason, **metadata}
+
+
+def _unwrap_optional(tp) -> Tuple[Any, bool]:
+    """``Optional[X]`` -> ``(X, True)``; anything else -> ``(tp, False)``."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or (hasattr(types, "UnionType") and origin is types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+        return typing.Union[tuple(args)], True
+    return tp, False
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert_scalar(value: Any, tp, from_cli: bool) -> Any:
+    """Convert one scalar to ``tp`` (bool, int, float, str, Literal or a Union of those)."""
+    if typing.get_origin(tp) is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ValueError(f"must be one of {list(allowed)}, got {value!r}")
+        return value
+    if typing.get_origin(tp) is typing.Union:  # e.g. Union[str, List[str]]: first member that accepts it
+        errors = []
+        for member in typing.get_args(tp):
+            try:
+                return _convert_value(value, member, from_cli)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError("; ".join(errors))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ValueError(f"expected a bool (true/false), got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError(f"expected an int, got bool {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+            try:
+                f = float(value.strip())
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+        raise ValueError(f"expected an int, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError(f"expected a float, got bool {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ValueError(f"expected a float, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # PaddleNLP turns the JSON into CLI strings, so 8 -> "8" is accepted
+        raise ValueError(f"expected a string, got {type(value).__name__} {value!r}")
+    if tp is Any or tp is object:
+        return value
+    if tp is dict or typing.get_origin(tp) is dict:
+        if isinstance(value, dict):
+            return value
+        if isinstance(value, str) and from_cli:
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"expected a JSON object, got {value!r} ({e.msg})") from None
+            if isinstance(parsed, dict):
+                return parsed
+        raise ValueError(f"expected a JSON object, got {value!r}")
+    raise ValueError(f"unsupported field type {_type_name(tp)}")
+
+
+def _convert_value(value: Any, tp, from_cli: bool) -> Any:
+    """Convert a JSON value or a list of command-line strings to the annotated type ``tp``.
+
+    Command-line values arrive as a list of strings (``--report_to a b`` -> ``["a", "b"]``); a scalar field
+    takes exactly one.
+    """
+    inner, optional = _unwrap_optional(tp)
+    origin = typing.get_origin(inner)
+    if from_cli and isinstance(value, list) and origin not in (list, tuple):
+        if len(value) != 1:
+            raise ValueError(f"expected one value, got {len(value)}: {value}")
+        value = value[0]
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"null is not allowed (type {_type_name(inner)})")
+    if optional and from_cli and isinstance(value, str) and value.strip().lower() in _NONE and inner is not str:
+        return None
+    if optional and from_cli and isinstance(value, list) and len(value) == 1 \
+            and isinstance(value[0], str) and value[0].strip().lower() in _NONE:
+        return None
+    if origin in (list, tuple):
+        (elem,) = typing.get_args(inner)[:1] or (Any,)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()] if not from_cli else [value]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"expected a list, got {value!r}")
+        if from_cli and len(value) == 1 and isinstance(value[0], str) and "," in value[0]:
+            value = [v.strip() for v in value[0].split(",") if v.strip()]
+        return [_convert_value(v, elem, from_cli) for v in value]
+    return _convert_scalar(value, inner, from_cli)
+
+
+def _load_json(path: str) -> Dict[str, Any]:
+    """Read a JSON object; errors name the file, line and column."""
+    if not os.path.isfile(path):
+        raise ValueError(f"config file {path!r} does not exist")
+
+    def no_duplicates(pairs):
+        seen = {}
+        for k, v in pairs:
+            if k in seen:
+                raise ValueError(f"{path}: duplicate key {k!r} in a JSON object; keep one")
+            seen[k] = v
+        return seen
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a JSON object {{\"key\": value, ...}}, "
+                         f"got {type(data).__name__}")
+    return data
+
+
+def _split_cli(argv: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
+    """``["--a", "1", "--flag", "--b=x"]`` -> ``({"a": ["1"], "flag": [], "b": ["x"]}, errors)``."""
+    out: Dict[str, List[str]] = {}
+    errors: List[str] = []
+    key = None
+    for tok in argv:
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, val = tok[2:].partition("=")
+            name = name.replace("-", "_")
+            if name in out:
+                errors.append(f"command line: --{name} given twice; keep one")
+            out[name] = [val] if eq else []
+            key = None if eq else name
+        elif key is None:
+            errors.append(f"command line: unexpected value {tok!r} (values must follow a --key)")
+        else:
+            out[key].append(tok)
+    return out, errors
+
+
+class PdArgumentParser:
+    """Parse a JSON config and ``--key value`` overrides into instances of ``dataclass_types``.
+
+    Args:
+        dataclass_types: one dataclass type or a sequence of them (e.g.
+            ``(ModelArgument, DataArgument, SFTConfig)``). Returned instances keep this order.
+
+    Raises (from the ``parse_*`` methods):
+        ValueError: unknown keys (with the nearest valid keys), values of the wrong type, missing required
+            keys, invalid JSON (file:line:column) and the dataclasses' own ``__post_init__`` errors, all
+            collected into one message.
+
+    Source: ``paddlenlp/trainer/argparser.py`` (``PdArgumentParser``).
+    """
+
+    def __init__(self, dataclass_types):
+        if dataclasses.is_dataclass(dataclass_types):
+            dataclass_types = [dataclass_types]
+        self.dataclass_types = list(dataclass_types)
+        if not self.dataclass_types or not all(dataclasses.is_dataclass(t) for t in self.dataclass_types):
+            raise ValueError(f"PdArgumentParser needs dataclass types, got {dataclass_types!r}")
+        self._fields: List[Dict[str, dataclasses.Field]] = []
+        self._hints: List[Dict[str, Any]] = []
+        for t in self.dataclass_types:
+            self._fields.append({f.name: f for f in dataclasses.fields(t) if f.init})
+            self._hints.append(typing.get_type_hints(t))
+        #: (key, reason) of the inert keys set by the last parse
+        self.inert_keys_set: List[Tuple[str, str]] = []
+
+    @property
+    def valid_keys(self) -> List[str]:
+        """Every key accepted by at least one of the dataclasses, sorted."""
+        return sorted({k for fields in self._fields for k in fields})
+
+    def _suggest(self, key: str) -> str:
+        close = difflib.get_close_matches(key, self.valid_keys, n=3, cutoff=0.6)
+        if not close:  # substring matches catch e.g. "tp_degree" vs "tensor_parallel_degree" poorly; try parts
+            close = [k for k in self.valid_keys if key in k or k in key][:3]
+        return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+    def parse_dict(self, values: Dict[str, Any], source: str = "dict",
+                   cli: Optional[Dict[str, List[str]]] = None, errors: Optional[List[str]] = None):
+        """Build the dataclasses from a dict of JSON values, then apply ``cli`` string overrides.
+
+        Returns a tuple with one instance per dataclass type. ``source`` names the dict in messages.
+        """
+        errors = list(errors or [])
+        cli = cli or {}
+        kwargs: List[Dict[str, Any]] = [{} for _ in self.dataclass_types]
+        set_keys: List[str] = []
+        # the command line wins: a key given there replaces the file's value before conversion
+        items = [(k, v, False, source) for k, v in values.items() if k not in cli]
+        items += [(k, v, True, "command line") for k, v in cli.items()]
+        for key, raw, from_cli, where in items:
+            owners = [i for i, fields in enumerate(self._fields) if key in fields]
+            if not owners:
+                errors.append(f"{where}: unknown key {key!r}{self._suggest(key)}")
+                continue
+            for i in owners:
+                tp = self._hints[i][key]
+                value = raw
+                if from_cli and raw == [] and _unwrap_optional(tp)[0] is bool:
+                    value = ["true"]  # bare --flag
+                try:
+                    kwargs[i][key] = _convert_value(value, tp, from_cli)
+                except ValueError as e:
+                    errors.append(f"{where}: key {key!r}: {e}")
+            if key not in set_keys:
+                set_keys.append(key)
+
+        outputs = []
+        for i, t in enumerate(self.dataclass_types):
+            missing = [name for name, f in self._fields[i].items()
+                       if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                       and name not in kwargs[i]]
+            for name in missing:
+                errors.append(f"{source}: required key {name!r} ({t.__name__}) is missing; set it in the "
+                              f"JSON or pass --{name} <value>")
+            if missing or errors:
+                continue  # construct only when everything converted, so __post_init__ sees valid types
+            try:
+                outputs.append(t(**kwargs[i]))
+            except ValueError as e:
+                errors.append(f"{t.__name__}: {e}")
+        if errors:
+            raise ValueError(f"{len(errors)} problem(s) in the arguments:\n  - " + "\n  - ".join(errors))
+
+        self.inert_keys_set = []
+        for key in set_keys:
+            for fields in self._fields:
+                f = fields.get(key)
+                if f is not None and "inert" in f.metadata:
+                    self.inert_keys_set.append((key, f.metadata["inert"]))
+                    break
+        if self.inert_keys_set:
+            logger.warning(
+                "These keys are accepted for PaddleNLP compatibility but not acted on by this build: "
+                + "; ".join(f"{k} ({r})" for k, r in self.inert_keys_set))
+        return tuple(outputs)
+
+    def parse_json_file(self, json_file: str):
+        """Parse a JSON config file (no command-line overrides). Returns one instance per dataclass type."""
+        return self.parse_dict(_load_json(json_file), source=json_file)
+
+    def parse_yaml_file(self, yaml_file: str):
+        """Parse a YAML mapping (``run_finetune.py`` also accepts ``.yaml``)."""
+        return self.parse_dict(self._load_yaml(yaml_file), source=yaml_file)
+
+    @staticmethod
+    def _load_yaml(path: str) -> Dict[str, Any]:
+        import yaml
+
+        if not os.path.isfile(path):
+            raise ValueError(f"config file {path!r} does not exist")
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+                raise ValueError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+        return data
+
+    def parse_args_into_dataclasses(self, argv: Optional[Sequence[str]] = None):
+        """Parse ``--key value`` arguments only (no config file). ``argv`` defaults to ``sys.argv[1:]``."""
+        argv = list(sys.argv[1:] if argv is None else argv)
+        cli, errors = _split_cli(argv)
+        return self.parse_dict({}, source="command line", cli=cli, errors=errors)
+
+    def parse_json_file_and_cmd_lines(self, argv: Optional[Sequence[str]] = None):
+        """``argv = [cfg.json, --key, value, ...]``: JSON first, then the overrides (the command line wins).
+
+        ``argv`` defaults to ``sys.argv[1:]``. A ``.yaml``/``.yml`` first argument is read as YAML.
+
+        Raises:
+            ValueError: the first argument is not a ``.json``/``.yaml`` file, or any parse problem.
+        """
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if not argv or not argv[0].lower().endswith((".json", ".yaml", ".yml")):
+            raise ValueError(f"expected a .json config path as the first argument, got {argv[:1]}; "
+                             f"usage: run.py config.json [--key value ...]")
+        path = argv[0]
+        values = self._load_yaml(path) if path.lower().endswith((".yaml", ".yml")) else _load_json(path)
+        cli, errors = _split_cli(argv[1:])
+        return self.parse_dict(values, source=path, cli=cli, errors=errors)
+
+    def parse(self, argv: Optional[Sequence[str]] = None):
+        """Dispatch like the PaddleNLP launchers: a config file first, or plain ``--key value`` arguments."""
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if argv and argv[0].lower().endswith((".json", ".yaml", ".yml")):
+            return self.parse_json_file_and_cmd_lines(argv)
+        return self.parse_args_into_dataclasses(argv)
+
+
+def inert_fields(dataclass_types: Iterable[type]) -> Dict[str, str]:
+    """``{key: reason}`` of every field marked inert in ``dataclass_types`` (for docs and tests)."""
+    out: Dict[str, str] = {}
+    for t in dataclass_types:
+        for f in dataclasses.fields(t):
+            if "inert" in f.metadata:
+                out.setdefault(f.name, f.metadata["inert"])
+    return out

@@ -1,0 +1,480 @@
+"""Argument dataclasses with PaddleNLP's key names and defaults, and the SFT cross-field rules.
+
+Sources (PaddleNLP ``develop`` 850c6c2):
+- ``TrainingArguments``: ``paddlenlp/trainer/training_args.py`` plus the ``LlmMetaConfig`` fields that
+  ``@llmmetaclass`` adds (``paddlenlp/transformers/configuration_utils.py``).
+- ``SFTConfig``: ``paddlenlp/trl/sft_config.py``.  ``ModelArgument``: ``paddlenlp/trl/model_config.py``
+  (``ModelConfig``).  ``DataArgument``: ``paddlenlp/trl/sftdata_config.py`` (``DataConfig``).
+- ``GenerateArgument`` / ``ReftArgument``: ``llm/utils/argument.py`` (accepted, not acted on).
+- ``finalize_sft_args``: the checks of ``llm/run_finetune.py`` (steps 1, 5, 15 of its validation).
+
+Every field's ``metadata["help"]`` documents it. ``metadata["inert"]`` (see
+:func:`paddlenlp_ext.trainer.argparser.inert`) marks keys that parse but are not acted on yet; the parser
+warns once about all of them that a config sets. Remove the marker where a key gets implemented.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .argparser import PdArgumentParser, inert
+
+logger = logging.getLogger(__name__)
+
+_SCHEDULERS = ("linear", "cosine", "constant")
+_STRATEGIES = ("no", "steps", "epoch")
+_RECOMPUTE = ("full", "core_attn", "full_attn")
+
+
+def _help(text: str) -> Dict[str, str]:
+    return {"help": text}
+
+
+class _Errors(list):
+    """Collects validation messages; ``raise_if_any`` raises them together as one ValueError."""
+
+    def check(self, ok: bool, msg: str) -> None:
+        if not ok:
+            self.append(msg)
+
+    def raise_if_any(self, owner: str) -> None:
+        if self:
+            raise ValueError(f"{owner}: " + "; ".join(self))
+
+
+@dataclass
+class TrainingArguments:
+    """Core trainer arguments; defaults are PaddleNLP's ``TrainingArguments`` (``output_dir`` is required).
+
+    Raises:
+        ValueError: from ``__post_init__``, listing every invalid value (scheduler, strategies, batch sizes,
+            fp16 and bf16 together, fp16_opt_level O2 without a half dtype, sharding spelling, ...).
+    """
+
+    output_dir: str = field(metadata=_help("Where checkpoints, logs and the final model are written."))
+    overwrite_output_dir: bool = field(default=False, metadata=_help("Allow writing into a non-empty output_dir."))
+    do_train: bool = field(default=False, metadata=_help("Run training."))
+    do_eval: bool = field(default=False, metadata=_help("Run evaluation on the dev set."))
+    do_predict: bool = field(default=False, metadata=inert("prediction is not implemented", help="Run prediction."))
+    do_export: bool = field(default=False, metadata=inert("static-graph export has no PyTorch equivalent",
+                                                          help="Export a static graph (Paddle only)."))
+
+    # schedule of eval / save / log (counted in optimizer steps)
+    evaluation_strategy: str = field(default="no", metadata=_help("When to evaluate: no | steps | epoch."))
+    eval_steps: Optional[int] = field(default=None, metadata=_help("Evaluate every N steps; None = logging_steps."))
+    save_strategy: str = field(default="steps", metadata=_help("When to save: no | steps | epoch."))
+    save_steps: int = field(default=500, metadata=_help("Save a checkpoint every N optimizer steps."))
+    save_total_limit: Optional[int] = field(default=None, metadata=_help("Keep at most N checkpoints (oldest deleted)."))
+    logging_steps: int = field(default=500, metadata=_help("Log every N optimizer steps."))
+    logging_dir: Optional[str] = field(default=None, metadata=_help("TensorBoard dir; None = <output_dir>/runs."))
+    report_to: Optional[List[str]] = field(default=None, metadata=_help(
+        "Loggers: 'tensorboard' and/or 'none'; None = tensorboard if installed."))
+    disable_tqdm: Optional[bool] = field(default=None, metadata=_help("Disable the progress bar."))
+
+    # batching (per device, in packs when zero_padding is on)
+    per_device_train_batch_size: int = field(default=8, metadata=_help("Train micro-batch size per device."))
+    per_device_eval_batch_size: int = field(default=8, metadata=_help("Eval batch size per device."))
+    gradient_accumulation_steps: int = field(default=1, metadata=_help("Micro-batches per optimizer step."))
+    eval_accumulation_steps: Optional[int] = field(default=None, metadata=inert(
+        "eval outputs are reduced on the fly; nothing is accumulated on the host",
+        help="Eval steps to accumulate before moving outputs to the host."))
+
+    # optimizer and learning-rate schedule
+    learning_rate: float = field(default=5e-5, metadata=_help("Peak learning rate of AdamW."))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW decoupled weight decay."))
+    adam_beta1: float = field(default=0.9, metadata=_help("AdamW beta1."))
+    adam_beta2: float = field(default=0.999, metadata=_help("AdamW beta2."))
+    adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW epsilon."))
+    max_grad_norm: float = field(default=1.0, metadata=_help("Global gradient-norm clip; <= 0 disables it."))
+    num_train_epochs: float = field(default=1.0, metadata=_help("Epochs, used when max_steps <= 0."))
+    max_steps: int = field(default=-1, metadata=_help("Total optimizer steps; > 0 overrides num_train_epochs."))
+    lr_scheduler_type: str = field(default="linear", metadata=_help("linear | cosine | constant (after warmup)."))
+    warmup_ratio: float = field(default=0.0, metadata=_help("Warmup as a fraction of total steps."))
+    warmup_steps: int = field(default=0, metadata=_help("Warmup steps; > 0 overrides warmup_ratio."))
+    num_cycles: float = field(default=0.5, metadata=_help("Cosine cycles (0.5 = one half-cosine decay)."))
+    lr_end: float = field(default=1e-7, metadata=inert("polynomial schedule not implemented",
+                                                       help="End lr of the polynomial schedule."))
+    power: float = field(default=1.0, metadata=inert("polynomial schedule not implemented",
+                                                     help="Power of the polynomial schedule."))
+    min_lr: float = field(default=0.0, metadata=_help("Floor of the decayed learning rate."))
+    optim: str = field(default="adamw", metadata=_help("Optimizer; only 'adamw' (torch.optim.AdamW)."))
+    decay_steps: int = field(default=0, metadata=inert("only linear/cosine/constant schedules exist",
+                                                       help="Decay steps of PaddleNLP's polynomial schedule."))
+
+    # precision
+    bf16: bool = field(default=False, metadata=_help("Train in bfloat16 autocast / weights."))
+    fp16: bool = field(default=False, metadata=_help("Train in float16."))
+    fp16_opt_level: str = field(default="O1", metadata=inert(
+        "bf16/fp16 select the dtype; O1/O2 AMP levels are not distinguished",
+        help="Paddle AMP level: O1 (autocast) or O2 (half weights, fp32 master weights)."))
+    amp_master_grad: bool = field(default=False, metadata=inert("no separate fp32 master gradients",
+                                                                help="Keep fp32 master gradients."))
+
+    # parallelism (degree -1 = derived from the world size)
+    tensor_parallel_degree: int = field(default=-1, metadata=_help("Tensor-parallel degree; -1/1 = off."))
+    tensor_parallel_output: bool = field(default=True, metadata=_help(
+        "Keep logits split over tensor-parallel ranks (vocab-parallel cross entropy)."))
+    sequence_parallel: bool = field(default=False, metadata=_help("Shard activations along the sequence under TP."))
+    sharding: str = field(default="", metadata=_help("'' | stage1 | stage2 | stage3 (optionally ' offload')."))
+    sharding_parallel_degree: int = field(default=-1, metadata=_help("Sharding degree; -1 = world / (tp*pp)."))
+    pipeline_parallel_degree: int = field(default=-1, metadata=inert("pipeline parallelism is not implemented",
+                                                                     help="Pipeline-parallel degree."))
+    virtual_pp_degree: int = field(default=1, metadata=inert("pipeline parallelism is not implemented",
+                                                             help="Virtual pipeline stages."))
+    pp_recompute_interval: int = field(default=1, metadata=inert("pipeline parallelism is not implemented",
+                                                                 help="Recompute interval under PP."))
+    sep_parallel_degree: int = field(default=-1, metadata=inert("segment parallelism is not implemented",
+                                                                help="Segment-parallel degree."))
+    context_parallel_degree: int = field(default=-1, metadata=inert("context parallelism is not implemented",
+                                                                    help="Context-parallel degree."))
+    pipeline_parallel_config: str = field(default="", metadata=inert("pipeline parallelism is not implemented",
+                                                                     help="Paddle PP options."))
+    sharding_parallel_config: str = field(default="", metadata=inert("Paddle sharding options have no FSDP2 meaning",
+                                                                     help="Paddle sharding options."))
+    tensor_parallel_config: str = field(default="", metadata=inert("Paddle TP options have no meaning here",
+                                                                   help="Paddle TP options."))
+
+    # recompute (activation checkpointing)
+    recompute: bool = field(default=False, metadata=_help("Activation checkpointing of decoder layers."))
+    recompute_granularity: str = field(default="full", metadata=_help("full | core_attn | full_attn."))
+    recompute_use_reentrant: bool = field(default=False, metadata=_help("torch.utils.checkpoint use_reentrant."))
+    no_recompute_layers: Optional[List[int]] = field(default=None, metadata=_help("Layer indices never recomputed."))
+    refined_recompute: str = field(default="", metadata=inert("refined recompute is not implemented",
+                                                              help="Paddle refined recompute spec."))
+    offload_recompute_inputs: bool = field(default=False, metadata=inert("no CPU offload of recompute inputs",
+                                                                         help="Offload recompute inputs."))
+
+    # fused kernels that PaddleNLP switches per flag (LlmMeta); the PyTorch model picks its own ops
+    use_fused_rms_norm: bool = field(default=False, metadata=inert("the model picks its ops", help="Fused RMSNorm."))
+    use_fused_rope: bool = field(default=False, metadata=inert("the model picks its ops", help="Fused RoPE."))
+    use_fused_linear: bool = field(default=False, metadata=inert("the model picks its ops", help="Fused linear."))
+    use_fused_dropout_add: bool = field(default=False, metadata=inert("the model picks its ops",
+                                                                      help="Fused dropout-add."))
+    use_fused_linear_cross_entropy: bool = field(default=False, metadata=inert(
+        "the loss picks its own chunking", help="Fused linear + cross entropy."))
+
+    # checkpoints and resume
+    unified_checkpoint: bool = field(default=False, metadata=inert(
+        "checkpoints are always HF-style safetensors of the full model",
+        help="PaddleNLP unified (HF-style, TP-merged) checkpoints."))
+    unified_checkpoint_config: str = field(default="", metadata=inert("see unified_checkpoint",
+                                                                      help="Unified checkpoint options."))
+    resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help(
+        "Checkpoint dir to resume from ('auto'/'true' is not supported: give the path)."))
+    ignore_data_skip: bool = field(default=False, metadata=_help("On resume, do not skip already-seen data."))
+    load_best_model_at_end: bool = field(default=False, metadata=inert("no best-model tracking",
+                                                                       help="Reload the best checkpoint at the end."))
+    metric_for_best_model: Optional[str] = field(default=None, metadata=inert("no best-model tracking",
+                                                                             help="Metric for the best model."))
+    greater_is_better: Optional[bool] = field(default=None, metadata=inert("no best-model tracking",
+                                                                           help="Direction of the best metric."))
+
+    # runtime
+    seed: int = field(default=42, metadata=_help("Seed for init, dropout and data shuffling."))
+    dataloader_num_workers: int = field(default=0, metadata=_help("DataLoader worker processes."))
+    dataloader_shuffle: bool = field(default=True, metadata=_help("Shuffle map-style train packs each epoch."))
+    dataloader_drop_last: bool = field(default=False, metadata=_help("Drop the last incomplete batch."))
+    device: str = field(default="gpu", metadata=_help("'gpu' (= cuda when available) or 'cpu'."))
+    run_name: Optional[str] = field(default=None, metadata=_help("Name shown in the loggers."))
+
+    # benchmark modes (PaddleNLP: SFTConfig / DPOTrainingArguments; RM puts them in its DataArgument)
+    benchmark: bool = field(default=False, metadata=inert(
+        "args are coerced (no eval/save) by apply_benchmark_overrides; the trainer does not skip the "
+        "final save nor log Effective_Tokens_per_second",
+        help="Benchmark mode: train only, no eval/save, report tokens/s."))
+    autotuner_benchmark: bool = field(default=False, metadata=inert(
+        "args are coerced (max_steps=5, no eval/save) by apply_benchmark_overrides; no random-init model",
+        help="Autotuner benchmark: 5 steps on a randomly initialised model."))
+
+    def __post_init__(self):
+        e = _Errors()
+        e.check(bool(self.output_dir), "output_dir must be a non-empty path")
+        e.check(self.lr_scheduler_type in _SCHEDULERS,
+                f"lr_scheduler_type must be one of {_SCHEDULERS}, got {self.lr_scheduler_type!r}")
+        for key in ("evaluation_strategy", "save_strategy"):
+            e.check(getattr(self, key) in _STRATEGIES, f"{key} must be one of {_STRATEGIES}, got {getattr(self, key)!r}")
+        for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                    "logging_steps", "save_steps"):
+            e.check(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
+        e.check(0.0 <= self.warmup_ratio <= 1.0, f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        e.check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        e.check(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
+        e.check(self.max_steps == -1 or self.max_steps > 0, f"max_steps must be -1 or > 0, got {self.max_steps}")
+        e.check(self.max_steps > 0 or self.num_train_epochs > 0,
+                f"num_train_epochs must be > 0 when max_steps <= 0, got {self.num_train_epochs}")
+        e.check(not (self.bf16 and self.fp16), "bf16 and fp16 are both true; choose one")
+        e.check(self.fp16_opt_level in ("O0", "O1", "O2"), f"fp16_opt_level must be O0|O1|O2, got {self.fp16_opt_level!r}")
+        # run_finetune.py step 1: O2 means half-precision weights, which needs a half dtype
+        e.check(not (self.fp16_opt_level == "O2" and not (self.bf16 or self.fp16)),
+                "fp16_opt_level 'O2' needs bf16 or fp16 set to true (or use O1)")
+        e.check(self.recompute_granularity in _RECOMPUTE,
+                f"recompute_granularity must be one of {_RECOMPUTE}, got {self.recompute_granularity!r}")
+        e.check(self.optim == "adamw", f"optim must be 'adamw' (the only optimizer), got {self.optim!r}")
+        e.check(self.device in ("gpu", "cpu", "cuda"), f"device must be 'gpu' or 'cpu', got {self.device!r}")
+        stage = self.sharding.replace("offload", "").split()
+        e.check(all(s in ("stage1", "stage2", "stage3") for s in stage) and len(stage) <= 1,
+                f"sharding must be '', 'stage1', 'stage2' or 'stage3' (optionally + ' offload'), got {self.sharding!r}")
+        if self.report_to is not None:
+            bad = [r for r in self.report_to if r not in ("tensorboard", "none", "visualdl")]
+            e.check(not bad, f"report_to supports 'tensorboard' or 'none', got {bad}")
+        e.raise_if_any(type(self).__name__)
+        if self.eval_steps is None:
+            self.eval_steps = self.logging_steps  # PaddleNLP: eval_steps falls back to logging_steps
+
+    @property
+    def sharding_stage(self) -> int:
+        """0 when ``sharding`` is empty, else 1, 2 or 3."""
+        parts = self.sharding.replace("offload", "").split()
+        return int(parts[0][-1]) if parts else 0
+
+    @property
+    def sharding_offload(self) -> bool:
+        """True when ``sharding`` contains 'offload'."""
+        return "offload" in self.sharding
+
+
+@dataclass
+class SFTConfig(TrainingArguments):
+    """Training arguments of ``run_finetune`` (PaddleNLP ``SFTConfig``): SFT defaults over TrainingArguments."""
+
+    learning_rate: float = field(default=2e-5, metadata=_help("Peak learning rate (SFT default 2e-5)."))
+    tensor_parallel_output: bool = field(default=False, metadata=_help(
+        "Keep logits split over TP ranks (SFTConfig default False)."))
+    unified_checkpoint: bool = field(default=False, metadata=inert(
+        "checkpoints are always HF-style safetensors of the full model", help="PaddleNLP unified checkpoints."))
+    dataset_text_field: str = field(default="text", metadata=inert("TRL-style field, unused by run_finetune",
+                                                                   help="Text column of a TRL dataset."))
+    max_seq_length: int = field(default=2048, metadata=inert("unused by run_finetune; use max_length",
+                                                             help="TRL max sequence length."))
+    dataset_num_proc: Optional[int] = field(default=None, metadata=inert("tokenization is single-process",
+                                                                         help="Tokenization processes."))
+    dataset_batch_size: int = field(default=1000, metadata=inert("unused", help="Tokenization batch size."))
+    model_init_kwargs: Optional[Dict[str, Any]] = field(default=None, metadata=inert("unused",
+                                                                                    help="Model init kwargs."))
+    dataset_kwargs: Optional[Dict[str, Any]] = field(default=None, metadata=inert("unused", help="Dataset kwargs."))
+    eval_packing: Optional[bool] = field(default=None, metadata=inert("eval packing follows zero_padding",
+                                                                      help="Pack the eval set."))
+    use_ssa: bool = field(default=False, metadata=inert("sparse sink attention is not implemented",
+                                                        help="Sparse sink attention."))
+    ssa_group_size_ratio: float = field(default=0.25, metadata=inert("see use_ssa", help="SSA group ratio."))
+
+
+@dataclass
+class ModelArgument:
+    """Model and PEFT arguments (PaddleNLP ``ModelConfig``); ``lora_target_modules``/``merge_weights`` are ours."""
+
+    model_name_or_path: Optional[str] = field(default=None, metadata=_help(
+        "HF-format model directory (or a name the model loader knows, e.g. the bundled SmolLM2)."))
+    tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help(
+        "Tokenizer dir; None = model_name_or_path (PaddleNLP declares it but never reads it)."))
+    use_flash_attention: bool = field(default=False, metadata=_help(
+        "Route attention through flashmask_attention (PaddleNLP: an LlmMeta training key; RM: a model key)."))
+    flash_mask: bool = field(default=False, metadata=_help(
+        "Feed attn_mask_startend_row_indices to attention; forces zero_padding and use_flash_attention."))
+    continue_training: bool = field(default=True, metadata=_help("Load pretrained weights (False = random init)."))
+    use_fast_layer_norm: bool = field(default=False, metadata=inert("the model picks its ops", help="Fast layer norm."))
+    fuse_attention_qkv: Optional[bool] = field(default=None, metadata=inert("q/k/v stay separate (HF names)",
+                                                                            help="Fused qkv projection."))
+    fuse_attention_ffn: Optional[bool] = field(default=None, metadata=inert("gate/up stay separate (HF names)",
+                                                                            help="Fused gate+up projection."))
+    hidden_dropout_prob: float = field(default=0.1, metadata=inert("Llama has no dropout attribute",
+                                                                   help="Hidden dropout (if the model has it)."))
+    attention_probs_dropout_prob: float = field(default=0.1, metadata=inert("Llama has no dropout attribute",
+                                                                            help="Attention dropout."))
+    # LoRA
+    lora: bool = field(default=False, metadata=_help("Train LoRA adapters instead of all weights."))
+    lora_path: Optional[str] = field(default=None, metadata=_help("Initial LoRA adapter dir (PEFT format)."))
+    lora_rank: int = field(default=8, metadata=_help("LoRA rank r."))
+    lora_alpha: float = field(default=-1, metadata=_help(
+        "LoRA alpha; -1 = PaddleNLP's hard-coded 2*lora_rank (4 with rslora). Unlike PaddleNLP, honoured."))
+    rslora: bool = field(default=False, metadata=_help("Rank-stabilised scaling alpha/sqrt(r)."))
+    lora_plus_scale: float = field(default=1.0, metadata=_help("LoRA+ learning-rate ratio of B over A."))
+    lora_target_modules: Optional[List[str]] = field(default=None, metadata=_help(
+        "Regexes of nn.Linear names to adapt (ours); None = all linear layers, as PaddleNLP."))
+    merge_weights: bool = field(default=False, metadata=_help("Merge LoRA into the base weights when saving (ours)."))
+    use_quick_lora: bool = field(default=False, metadata=inert("no fused quick-LoRA kernel", help="Quick LoRA."))
+    pissa: bool = field(default=False, metadata=inert("PiSSA init is not implemented", help="PiSSA."))
+    lora_use_mixer: bool = field(default=False, metadata=inert("MosLoRA is not implemented", help="MosLoRA."))
+    use_mora: bool = field(default=False, metadata=inert("MoRA is not implemented", help="MoRA."))
+    # other PEFT methods and quantization (PaddleNLP only)
+    weight_quantize_algo: Optional[str] = field(default=None, metadata=inert("no quantized training",
+                                                                             help="nf4 | fp4 | weight_only_int4/8."))
+    qlora_weight_blocksize: int = field(default=64, metadata=inert("no QLoRA", help="QLoRA block size."))
+    qlora_weight_double_quant: bool = field(default=False, metadata=inert("no QLoRA", help="QLoRA double quant."))
+    qlora_weight_double_quant_block_size: int = field(default=256, metadata=inert("no QLoRA", help="QLoRA block."))
+    vera: bool = field(default=False, metadata=inert("VeRA is not implemented", help="VeRA."))
+    vera_rank: int = field(default=8, metadata=inert("VeRA is not implemented", help="VeRA rank."))
+    lokr: bool = field(default=False, metadata=inert("LoKr is not implemented", help="LoKr."))
+    lokr_path: Optional[str] = field(default=None, metadata=inert("LoKr is not implemented", help="LoKr path."))
+    lokr_dim: int = field(default=8, metadata=inert("LoKr is not implemented", help="LoKr dim."))
+    prefix_tuning: bool = field(default=False, metadata=inert("prefix tuning is not implemented", help="Prefix."))
+    prefix_path: Optional[str] = field(default=None, metadata=inert("prefix tuning is not implemented", help="."))
+    num_prefix_tokens: int = field(default=128, metadata=inert("prefix tuning is not implemented", help="."))
+    reft: bool = field(default=False, metadata=inert("ReFT is not implemented", help="ReFT."))
+    neftune: bool = field(default=False, metadata=inert("NEFTune is not implemented", help="NEFTune noise."))
+    neftune_noise_alpha: float = field(default=5.0, metadata=inert("NEFTune is not implemented", help="."))
+    from_aistudio: bool = field(default=False, metadata=inert("no AI Studio hub", help="Load from AI Studio."))
+    save_to_aistudio: bool = field(default=False, metadata=inert("no AI Studio hub", help="Upload to AI Studio."))
+    aistudio_repo_id: Optional[str] = field(default=None, metadata=inert("no AI Studio hub", help="."))
+    aistudio_repo_private: bool = field(default=True, metadata=inert("no AI Studio hub", help="."))
+    aistudio_repo_license: str = field(default="Apache License 2.0", metadata=inert("no AI Studio hub", help="."))
+    aistudio_token: Optional[str] = field(default=None, metadata=inert("no AI Studio hub", help="."))
+    use_long_sequence_strategies: bool = field(default=False, metadata=inert("not implemented", help="."))
+    rope_scaling_factor: float = field(default=1.0, metadata=inert("not implemented", help="RoPE scaling."))
+    strategy_type: Optional[str] = field(default=None, metadata=inert("not implemented", help="."))
+    strategy_name: Optional[str] = field(default=None, metadata=inert("not implemented", help="."))
+
+    def __post_init__(self):
+        e = _Errors()
+        e.check(self.lora_rank >= 1, f"lora_rank must be >= 1, got {self.lora_rank}")
+        e.check(self.lora_alpha == -1 or self.lora_alpha > 0, f"lora_alpha must be -1 or > 0, got {self.lora_alpha}")
+        e.check(self.lora_plus_scale > 0, f"lora_plus_scale must be > 0, got {self.lora_plus_scale}")
+        e.raise_if_any(type(self).__name__)
+
+    def effective_lora_alpha(self) -> float:
+        """``lora_alpha``, or PaddleNLP's hard-coded value when it is -1: ``4`` with rslora, else ``2*lora_rank``."""
+        if self.lora_alpha != -1:
+            return float(self.lora_alpha)
+        return 4.0 if self.rslora else 2.0 * self.lora_rank
+
+
+@dataclass
+class DataArgument:
+    """SFT data arguments (PaddleNLP ``DataConfig``)."""
+
+    dataset_name_or_path: Optional[str] = field(default=None, metadata=_help(
+        "Dir with train.json/dev.json (jsonl of {src, tgt}) or train/*.json, dev/*.json."))
+    task_name: Optional[str] = field(default=None, metadata=inert("no built-in dataset names", help="."))
+    zero_padding: bool = field(default=False, metadata=_help("Pack several examples into each max_length row."))
+    greedy_zero_padding: bool = field(default=False, metadata=_help(
+        "Worst-fit packing over a 500-record buffer (train set only); needs zero_padding."))
+    pad_to_multiple_of: Optional[int] = field(default=None, metadata=_help(
+        "Unpacked batches: pad to a multiple of this instead of max_length."))
+    src_length: int = field(default=1024, metadata=_help("Max prompt tokens of the last turn (special tokens count)."))
+    max_length: int = field(default=2048, metadata=_help("Max tokens per example and per pack (the pack capacity)."))
+    eval_with_do_generation: bool = field(default=False, metadata=inert("no generation during eval",
+                                                                        help="Generate during evaluation."))
+    save_generation_output: bool = field(default=False, metadata=inert("no generation during eval", help="."))
+    lazy: bool = field(default=False, metadata=_help("Stream and pack on the fly (IterableDataset); needs max_steps."))
+    chat_template: Optional[str] = field(default=None, metadata=_help(
+        "None = the tokenizer's template; 'none' = no template; a dir (<dir>/chat_template.json) or a file."))
+    pad_to_max_length: bool = field(default=False, metadata=_help("Unpacked batches: always pad to max_length."))
+    autoregressive: bool = field(default=False, metadata=inert("pretraining-style labels are not implemented",
+                                                               help="Label every token."))
+    use_pose_convert: bool = field(default=False, metadata=inert("PoSE is not implemented", help="PoSE."))
+
+    def __post_init__(self):
+        e = _Errors()
+        e.check(self.max_length >= 2, f"max_length must be >= 2, got {self.max_length}")
+        e.check(self.src_length >= 1, f"src_length must be >= 1, got {self.src_length}")
+        e.check(self.src_length < self.max_length,
+                f"src_length ({self.src_length}) must be smaller than max_length ({self.max_length}) so the "
+                f"answer has room")
+        e.check(self.pad_to_multiple_of is None or self.pad_to_multiple_of >= 1,
+                f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
+        e.raise_if_any(type(self).__name__)
+
+
+@dataclass
+class GenerateArgument:
+    """``llm/utils/argument.py`` ``GenerateArgument``: parsed for compatibility, not used."""
+
+    top_k: int = field(default=1, metadata=inert("no generation during eval", help="Top-k sampling."))
+    top_p: float = field(default=1.0, metadata=inert("no generation during eval", help="Top-p sampling."))
+
+
+@dataclass
+class ReftArgument:
+    """``llm/utils/argument.py`` ``ReftArgument``: parsed for compatibility, ReFT is not implemented."""
+
+    layers: str = field(default="all", metadata=inert("ReFT is not implemented", help="."))
+    position: str = field(default="f7+l7", metadata=inert("ReFT is not implemented", help="."))
+    intervention_type: str = field(default="LoreftIntervention", metadata=inert("ReFT is not implemented", help="."))
+    rank: int = field(default=8, metadata=inert("ReFT is not implemented", help="."))
+    act_fn: Optional[str] = field(default="linear", metadata=inert("ReFT is not implemented", help="."))
+    add_bias: bool = field(default=False, metadata=inert("ReFT is not implemented", help="."))
+    dropout: float = field(default=0.0, metadata=inert("ReFT is not implemented", help="."))
+
+
+def apply_benchmark_overrides(training_args: TrainingArguments) -> List[str]:
+    """PaddleNLP's ``benchmark`` / ``autotuner_benchmark`` coercions; returns the messages it logged.
+
+    benchmark: do_train on; do_eval, do_predict, do_export, load_best_model_at_end off; overwrite_output_dir
+    on; report_to = []; save and evaluation strategy "no". autotuner_benchmark: the same plus max_steps=5.
+    Source: ``paddlenlp/trl/sft_config.py`` ``SFTConfig.__post_init__``.
+    """
+    ta = training_args
+    if not (ta.benchmark or ta.autotuner_benchmark):
+        return []
+    ta.do_train, ta.do_eval, ta.do_predict, ta.do_export = True, False, False, False
+    ta.overwrite_output_dir, ta.load_best_model_at_end, ta.report_to = True, False, []
+    ta.save_strategy, ta.evaluation_strategy = "no", "no"
+    which = "benchmark"
+    if ta.autotuner_benchmark:
+        ta.max_steps, ta.num_train_epochs, which = 5, 1, "autotuner_benchmark"
+    msg = (f"{which}=True: forcing do_train=True, do_eval=False, save_strategy='no', evaluation_strategy='no', "
+           f"load_best_model_at_end=False, report_to=[]" + (", max_steps=5" if ta.autotuner_benchmark else ""))
+    logger.warning(msg)
+    return [msg]
+
+
+def finalize_sft_args(model_args: ModelArgument, data_args: DataArgument,
+                      training_args: TrainingArguments) -> List[str]:
+    """Apply ``run_finetune.py``'s cross-field rules in place; return the messages it logged.
+
+    Rules:
+    1. ``flash_mask`` without ``zero_padding`` or ``use_flash_attention``: both are forced on
+       (PaddleNLP step 5, same warning text).
+    2. ``greedy_zero_padding`` without ``zero_padding`` has no effect: logged.
+    3. ``lazy`` (an IterableDataset without ``__len__``) with ``max_steps <= 0``: ValueError.
+    4. ``lora`` with ``lora_alpha == -1``: set to PaddleNLP's value (2*rank, or 4 with rslora).
+    5. ``tokenizer_name_or_path`` None: set to ``model_name_or_path``.
+    6. benchmark / autotuner_benchmark coercions (:func:`apply_benchmark_overrides`).
+
+    Raises:
+        ValueError: rule 3.
+    """
+    msgs: List[str] = []
+
+    def log(msg: str) -> None:
+        logger.warning(msg)
+        msgs.append(msg)
+
+    if model_args.flash_mask and (not data_args.zero_padding or not model_args.use_flash_attention):
+        changed = [k for k, v in (("zero_padding", data_args.zero_padding),
+                                  ("use_flash_attention", model_args.use_flash_attention)) if not v]
+        data_args.zero_padding = True
+        model_args.use_flash_attention = True
+        log("`flash_mask` must use with zero padding and flash attention; forcing "
+            + ", ".join(f"{k}=True" for k in changed))
+    if data_args.greedy_zero_padding and not data_args.zero_padding:
+        log("greedy_zero_padding=True has no effect without zero_padding=True")
+    if data_args.lazy and training_args.max_steps <= 0:
+        raise ValueError("lazy=True streams the data (no dataset length), so max_steps must be > 0; "
+                         "set --max_steps N or lazy false")
+    if model_args.lora and model_args.lora_alpha == -1:
+        model_args.lora_alpha = model_args.effective_lora_alpha()
+        log(f"lora_alpha=-1: using PaddleNLP's value {model_args.lora_alpha:g} "
+            f"({'4 with rslora' if model_args.rslora else '2*lora_rank'})")
+    if model_args.tokenizer_name_or_path is None:
+        model_args.tokenizer_name_or_path = model_args.model_name_or_path
+    for m in apply_benchmark_overrides(training_args):
+        msgs.append(m)
+    return msgs
+
+
+def parse_sft_args(argv=None):
+    """Parse an SFT/LoRA launch (``cfg.json [--k v ...]`` or ``--k v ...``) and apply :func:`finalize_sft_args`.
+
+    Accepts the keys of PaddleNLP's ``run_finetune.py`` parser (GenerateArgument, ModelConfig, ReftArgument,
+    DataConfig, SFTConfig). Returns ``(model_args, data_args, training_args)``.
+
+    Raises:
+        ValueError: any parse or validation problem (all listed together).
+    """
+    parser = PdArgumentParser((GenerateArgument, ModelArgument, ReftArgument, DataArgument, SFTConfig))
+    _, model_args, _, data_args, training_args = parser.parse(argv)
+    finalize_sft_args(model_args, data_args, training_args)
+    return model_args, data_args, training_args
