@@ -1,0 +1,190 @@
+"""Triton FlashMask attention: autograd Function and launchers.
+
+Shape legend: B batch, S_q / S_k query / key length, H_q / H_k query / kv heads, H_mask mask heads (1 or H_k),
+D head dim (any size; padded to the next power of two >= 16 inside the kernels with masking).
+
+Kernels: ``triton_fwd`` (forward), ``triton_bwd`` (dK/dV column-parallel + dQ), ``triton_prep`` (SoA vectors,
+per-key-block min/max, tile classification). Algorithm: FlashMask (Wang et al., ICLR 2025, arXiv 2410.01359)
+on a FlashAttention-2 schedule; see docs/kernel_notes.md.
+
+Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1`` (fp32/fp16 only; used by the CPU tests).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .triton_bwd import _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel
+from .triton_fwd import _flashmask_fwd_kernel
+from .triton_prep import MaskVectors
+
+LOG2E = 1.4426950408889634
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _pow2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
+
+
+def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
+    """Forward tile shape ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` for padded head dim ``d_pad``."""
+    if not on_gpu:
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    if d_pad <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    if d_pad <= 128:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
+    """Backward tile shapes: dK/dV kernel (BLOCK_N keys per program, BLOCK_M query rows per step) and dQ kernel."""
+    if not on_gpu:
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1,
+                    DQ_BLOCK_M=16, DQ_BLOCK_N=16, dq_warps=1, dq_stages=1)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
+                    DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_warps=4, dq_stages=1)
+    if d_pad <= 64:
+        return dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3,
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=32, dq_warps=4, dq_stages=3)
+    if d_pad <= 128:
+        return dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2,
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=32, dq_warps=8, dq_stages=2)
+    return dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1,
+                DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_warps=8, dq_stages=1)
+
+
+def _flags(mv: MaskVectors, causal: bool, dtype: torch.dtype) -> dict:
+    return dict(CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts,
+                DOT_PREC="ieee" if dtype == torch.float32 else "tf32")
+
+
+def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
+    b, s_q, h_q, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    d_pad = _pow2(d)
+    cfg = fwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
+    bn = cfg["BLOCK_N"]
+    mm = mv.block_minmax(bn)
+    nb = triton.cdiv(s_k, bn)
+    o = torch.empty_like(q)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h_q)
+    _flashmask_fwd_kernel[grid](
+        q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, mm,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        s_q, s_k, h_q, mv.h_mask, h_q // h_k, nb, mm.shape[1] * mm.shape[2], scale * LOG2E,
+        D=d, BLOCK_D=d_pad, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, NB_POW2=triton.next_power_of_2(nb),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_flags(mv, causal, q.dtype),
+    )
+    return o, lse
+
+
+def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float, deterministic: bool):
+    b, s_q, h_q, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    d_pad = _pow2(d)
+    cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
+    flags = _flags(mv, causal, q.dtype)
+    # Delta = rowsum(dO * O) in fp32, [B, H_q, S_q]; a gradient on the LSE enters as dS += P * dLSE.
+    delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()
+    if dlse is not None:
+        delta = delta - torch.nan_to_num(dlse.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    lse2 = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse * LOG2E).contiguous()
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    atomic = not deterministic
+    dqa = torch.zeros(b, s_q, h_q, d, dtype=torch.float32, device=q.device) if atomic else lse  # dummy if unused
+    bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
+    mm = mv.block_minmax(bn)
+    nb, nm = triton.cdiv(s_k, bn), triton.cdiv(s_q, bm)
+    sdq = dqa.stride() if atomic else (0, 0, 0)
+    _flashmask_bwd_dkdv_kernel[(nb, b * h_k)](
+        q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, mm,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        sdq[0], sdq[1], sdq[2],
+        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, nb, nm, mm.shape[1] * mm.shape[2], scale * LOG2E, scale,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, NM_POW2=triton.next_power_of_2(nm), ATOMIC_DQ=atomic,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
+    )
+    if atomic:
+        return dqa.to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
+    bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
+    mm2 = mv.block_minmax(bn2)
+    nb2 = triton.cdiv(s_k, bn2)
+    _flashmask_bwd_dq_kernel[(triton.cdiv(s_q, bm2), b * h_q)](
+        q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, mm2,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        s_q, s_k, h_q, mv.h_mask, h_q // h_k, nb2, mm2.shape[1] * mm2.shape[2], scale * LOG2E, scale,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2, NB_POW2=triton.next_power_of_2(nb2),
+        num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"], **flags,
+    )
+    return dq, dk, dv
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class FlashMaskTritonFunction(torch.autograd.Function):
+    """Autograd wrapper: ``forward(q, k, v, sri, causal, scale, deterministic) -> (out, lse)``.
+
+    ``out`` is ``[B, S_q, H_q, D]`` in the input dtype; ``lse`` fp32 ``[B, H_q, S_q]`` (natural log, -inf on
+    empty rows). Gradients flow to q, k, v (also through ``lse``); ``sri`` and the flags get none.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, sri, causal, scale, deterministic):
+        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        mv = MaskVectors(sri, causal, q.shape[1], k.shape[1], q.device)
+        o, lse = _fwd(q, k, v, mv, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mv, ctx.causal, ctx.scale, ctx.deterministic = mv, causal, scale, deterministic
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        do = _last_dim_contiguous(do)
+        dq, dk, dv = _bwd(do, q, k, v, o, lse, dlse, ctx.mv, ctx.causal, ctx.scale, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
+
+
+def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, softmax_scale: float,
+                               deterministic: bool = False):
+    """FlashMask attention on the Triton kernels; returns ``(out [B,S_q,H_q,D], lse fp32 [B,H_q,S_q])``.
+
+    Args:
+        q: ``[B, S_q, H_q, D]``; k, v: ``[B, S_k, H_k, D]``; fp16/bf16 (fp32 also works; on GPU its dots
+            run in IEEE fp32). Inputs are assumed validated by :func:`flashmask.flashmask_attention`.
+        startend_row_indices: int32 ``[B, H_mask, S_k, C]`` or None (semantics in :mod:`flashmask.dense`).
+        causal: FlashMask causal mode (requires S_q == S_k, checked by the API).
+        softmax_scale: score multiplier.
+        deterministic: backward computes dQ in a separate row-parallel kernel (no atomics): bitwise
+            reproducible. Default uses fp32 atomics for dQ.
+
+    Raises:
+        RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
+    """
+    if not q.is_cuda and not _interpreting():
+        raise RuntimeError(
+            "flashmask_attention_triton needs CUDA tensors, or TRITON_INTERPRET=1 set before importing triton "
+            "(CPU interpreter, slow; fp32/fp16 only). Use impl='reference' on CPU.")
+    return FlashMaskTritonFunction.apply(q, k, v, startend_row_indices, causal, softmax_scale, deterministic)
