@@ -1,0 +1,210 @@
+"""Apply tensor parallelism and FSDP2 to a model from outside the model code, by module name.
+
+Order (torchtitan ``parallelize_llama``): (1) the TP plan with ``parallelize_module``; (2) activation
+checkpointing is the model's own ``recompute`` flag, left alone here; (3) ``fully_shard`` on every decoder
+layer, then on the root (which takes the embedding, the final norm and the LM head, so tied weights share one
+FSDP group).
+
+TP plan for Llama (HF module names; PaddleNLP ``LlamaForCausalLM._get_tensor_parallel_mappings``):
+
+=========================================  =====================================  =============================
+module                                      style                                  weight placement
+=========================================  =====================================  =============================
+``model.embed_tokens``                      ``RowwiseParallel`` (vocab-parallel)   ``Shard(0)`` of ``[V, H]``
+``model.layers.*.self_attn.{q,k,v}_proj``   ``ColwiseParallel``                    ``Shard(0)`` of ``[out, in]``
+``model.layers.*.mlp.{gate,up}_proj``       ``ColwiseParallel``                    ``Shard(0)``
+``model.layers.*.self_attn.o_proj``         ``RowwiseParallel``                    ``Shard(1)``
+``model.layers.*.mlp.down_proj``            ``RowwiseParallel``                    ``Shard(1)``
+``lm_head``                                 ``ColwiseParallel`` (vocab-parallel)   ``Shard(0)`` of ``[V, H]``
+norms                                       replicated (``SequenceParallel`` if sequence_parallel)
+=========================================  =====================================  =============================
+
+Embedding and LM head are split only when ``vocab_size % tp == 0`` (else replicated, as in Paddle). With
+``tensor_parallel_output`` the LM head keeps its output vocab-sharded (a ``DTensor`` with ``Shard(-1)``) and
+the loss must run inside :func:`loss_parallel_context`; otherwise logits are all-gathered to full ``[B, L, V]``.
+
+Each TP rank then runs the model with its local heads: the q/k/v projections emit ``[B, L, H_local*D]``,
+which the model reshapes with ``-1`` heads (or its local head count) before FlashMask; the
+``attn_mask_startend_row_indices`` are replicated (every rank holds the same ``[B, 1, L, 1]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .parallel_dims import ParallelDims
+
+_LAYER_RE = re.compile(r"(^|\.)layers\.\d+$")
+
+
+def _model_config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no `config`; parallelize_model needs num_attention_heads etc.")
+    return config
+
+
+def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if _LAYER_RE.search(name)]
+
+
+def _is_tied(model: nn.Module) -> bool:
+    head, emb = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    return head is not None and emb is not None and head.weight is emb.weight
+
+
+def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, Any]:
+    """The ``parallelize_module`` plan for a Llama-named model (module FQN -> ``ParallelStyle``).
+
+    With ``sequence_parallel`` the residual stream between blocks is ``Shard(1)`` (sequence-sharded), the
+    norms run ``SequenceParallel`` and the attention / MLP inputs are all-gathered by ``PrepareModuleInput``.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    config = _model_config(model)
+    sp = parallel_dims.sequence_parallel
+    vocab_split = config.vocab_size % parallel_dims.tp == 0
+    loss_par = parallel_dims.tensor_parallel_output and vocab_split
+    residual = Shard(1) if sp else Replicate()
+
+    plan: dict[str, Any] = {}
+    if vocab_split:
+        plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+        plan["lm_head"] = ColwiseParallel(input_layouts=residual,
+                                          output_layouts=Shard(-1) if loss_par else Replicate(),
+                                          use_local_output=not loss_par)
+    elif sp:
+        raise ValueError(f"sequence_parallel needs vocab_size ({config.vocab_size}) divisible by "
+                         f"tensor_parallel_degree ({parallel_dims.tp})")
+    if sp:
+        plan["model.norm"] = SequenceParallel()
+    layer = "model.layers.*."
+    for name in ("q_proj", "k_proj", "v_proj"):
+        plan[layer + "self_attn." + name] = ColwiseParallel()
+    for name in ("gate_proj", "up_proj"):
+        plan[layer + "mlp." + name] = ColwiseParallel()
+    plan[layer + "self_attn.o_proj"] = RowwiseParallel(output_layouts=residual)
+    plan[layer + "mlp.down_proj"] = RowwiseParallel(output_layouts=residual)
+    if sp:
+        plan[layer + "input_layernorm"] = SequenceParallel()
+        plan[layer + "post_attention_layernorm"] = SequenceParallel()
+        # Only the hidden states (first positional input) are gathered; rope / mask inputs are replicated.
+        plan[layer + "self_attn"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                       use_local_output=True)
+        plan[layer + "mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                 use_local_output=True)
+    return plan
+
+
+def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
+    """Apply :func:`llama_tp_plan` on ``parallel_dims.tp_mesh()``; re-tie ``lm_head.weight`` if it was tied.
+
+    Raises:
+        ValueError: the model does not have the Llama module names the plan expects.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    tied = _is_tied(model)
+    plan = llama_tp_plan(model, parallel_dims)
+    names = {n for n, _ in model.named_modules()}
+    for fqn in plan:
+        pattern = re.compile("^" + re.escape(fqn).replace(r"\*", r"\d+") + "$")
+        if not any(pattern.match(n) for n in names):
+            raise ValueError(f"TP plan entry {fqn!r} matches no module of {type(model).__name__}; "
+                             f"tensor parallelism expects HF Llama module names (docs/design.md section 4)")
+    parallelize_module(model, parallel_dims.tp_mesh(), plan)
+    if tied:
+        # Embedding (RowwiseParallel) and LM head (ColwiseParallel) both place [V, H] as Shard(0): one DTensor.
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def _fsdp_kwargs(parallel_dims: ParallelDims, training_args: Any) -> dict[str, Any]:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    kwargs: dict[str, Any] = {"mesh": parallel_dims.fsdp_mesh()}
+    bf16 = bool(getattr(training_args, "bf16", False))
+    if bf16 and parallel_dims.device_type == "cuda":
+        # PaddleNLP O2: bf16 compute weights, fp32 master weights (the sharded params) and fp32 grad reduce.
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if parallel_dims.offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    return kwargs
+
+
+def apply_fsdp(model: nn.Module, parallel_dims: ParallelDims, training_args: Any = None) -> None:
+    """``fully_shard`` each decoder layer, then the root; gradients are summed (divide factor 1).
+
+    ``reshard_after_forward`` is True only for ``stage3``: stage1/stage2 keep each layer's gathered
+    parameters from forward to backward (no second all-gather), stage3 frees them after forward.
+
+    Gradients are reduced with SUM, not FSDP's default mean: the trainer divides every rank's loss by the
+    token count summed over all data-parallel ranks, so the sum of per-rank gradients is the gradient of
+    the global token mean.
+
+    Raises:
+        ValueError: no module named ``...layers.<N>`` was found (nothing would be sharded per layer).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    layers = _decoder_layers(model)
+    if not layers:
+        raise ValueError(f"apply_fsdp found no decoder layers (modules named '...layers.<N>') in "
+                         f"{type(model).__name__}; nothing would be sharded per layer")
+    kwargs = _fsdp_kwargs(parallel_dims, training_args)
+    reshard = parallel_dims.sharding_stage == "stage3"
+    for _, layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard, **kwargs)
+    for m in model.modules():
+        if hasattr(m, "set_gradient_divide_factor"):
+            m.set_gradient_divide_factor(1.0)
+            # A custom factor makes FSDP use PREMUL_SUM, which gloo lacks; plain SUM with factor 1 is the same.
+            if hasattr(m, "set_force_sum_reduction_for_comms"):
+                m.set_force_sum_reduction_for_comms(True)
+
+
+def parallelize_model(model: nn.Module, parallel_dims: ParallelDims, training_args: Any = None) -> nn.Module:
+    """Apply TP (if ``tp > 1``) then FSDP2 (if ``dp x sharding > 1``) in place; return the model.
+
+    Call after the model is built (and LoRA injected) and before the optimizer is created. With world
+    size 1 (``parallel_dims.mesh is None``) this returns the model untouched.
+
+    Args:
+        model: Llama-named ``nn.Module`` with a ``config`` (docs/design.md section 4).
+        parallel_dims: from :func:`init_distributed`.
+        training_args: reads ``bf16`` (bf16 FSDP compute on CUDA; fp32 on CPU).
+
+    Raises:
+        ValueError: heads / KV heads / intermediate size not divisible by ``tp`` (``check_model_config``),
+            or module names the TP plan cannot find.
+    """
+    if parallel_dims.mesh is None:
+        return model
+    parallel_dims.check_model_config(_model_config(model))
+    if parallel_dims.tp_enabled:
+        apply_tp(model, parallel_dims)
+    if parallel_dims.fsdp_enabled:
+        apply_fsdp(model, parallel_dims, training_args)
+    return model
+
+
+def loss_parallel_context(parallel_dims: ParallelDims | None):
+    """Context manager for forward + loss + backward when logits are vocab-sharded.
+
+    Inside it, ``F.cross_entropy`` on a ``DTensor`` with ``Shard(-1)`` logits computes the vocab-parallel
+    cross entropy (each rank its vocab slice; max and sum-exp all-reduced), like PaddleNLP's
+    ``ParallelCrossEntropy``. Both the forward loss and ``backward()`` must run inside it. Returns a
+    ``nullcontext`` when logits are not vocab-sharded.
+    """
+    if parallel_dims is None or not (parallel_dims.tp_enabled and parallel_dims.tensor_parallel_output):
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()

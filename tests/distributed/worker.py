@@ -1,0 +1,140 @@
+"""Training scenarios for the distributed tests: run under torchrun (N ranks) or in-process (1 rank).
+
+``python -m torch.distributed.run --nproc_per_node N tests/distributed/worker.py SPEC.json OUT.json`` runs
+every scenario of SPEC in order inside one process group and rank 0 writes ``{name: {"losses", "grad_norms"}}``.
+A scenario: ``{"name", "layout": {dp, sharding, tp, sharding_stage, tensor_parallel_output,
+sequence_parallel}, "start": first step, "end": step after the last, "load": DCP dir or null,
+"save_at": step or null, "save": DCP dir, "tied": bool, "export": HF dir or null}``.
+Steps are deterministic: global batch ``k`` is built from seed ``k``; each rank trains on its dp slice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from paddlenlp_ext.distributed import (ParallelDims, all_reduce_sum_dp, dp_slice, init_distributed,  # noqa: E402
+                                       loss_parallel_context, parallelize_model, to_local_loss)
+
+GLOBAL_BATCH, SEQ = 4, 16
+
+
+def make_batch(step: int, vocab: int = 128) -> dict[str, torch.Tensor]:
+    """Global packed batch for ``step``: each row packs two examples then padding (docs/design.md section 2)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(1, vocab, (GLOBAL_BATCH, SEQ), generator=g)
+    labels = torch.full_like(ids, -100)
+    pos = torch.zeros_like(ids)
+    sri = torch.zeros(GLOBAL_BATCH, 1, SEQ, 1, dtype=torch.int32)
+    for b in range(GLOBAL_BATCH):
+        a = int(torch.randint(3, 9, (1,), generator=g))
+        e = int(torch.randint(a + 3, SEQ + 1, (1,), generator=g))
+        for s, t in ((0, a), (a, e)):
+            pos[b, s:t] = torch.arange(t - s)
+            sri[b, 0, s:t, 0] = t
+            labels[b, s + 1:t - 1] = ids[b, s + 2:t]  # first token is prompt; targets shifted inside the example
+        ids[b, e:] = 0
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "attn_mask_startend_row_indices": sri}
+
+
+def build_model(tied: bool):
+    from tiny_llama import TinyConfig, TinyLlamaForCausalLM
+
+    torch.manual_seed(0)
+    return TinyLlamaForCausalLM(TinyConfig(tie_word_embeddings=tied))
+
+
+def save_train_state(path, model, opt, sched, trainer_state) -> None:
+    """DCP save of model + optimizer + scheduler + step (what trainer/checkpoint.py does, minus files)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd, "scheduler": sched.state_dict(), "trainer": trainer_state},
+             checkpoint_id=path)
+
+
+def load_train_state(path, model, opt, sched) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "scheduler": sched.state_dict(), "trainer": {"global_step": -1}}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    sched.load_state_dict(state["scheduler"])
+    return state["trainer"]
+
+
+def grad_norm(model) -> float:
+    from torch.distributed.tensor import DTensor
+
+    total = 0.0
+    for p in model.parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            total += float(g.double().pow(2).sum())
+    return total ** 0.5
+
+
+def run_scenario(sc: dict, world_size: int) -> dict:
+    lay = dict(sc.get("layout", {}))
+    dims = ParallelDims(dp=lay.get("dp", -1), sharding=lay.get("sharding", -1), tp=lay.get("tp", -1),
+                        world_size=world_size, sharding_stage=lay.get("sharding_stage"),
+                        sequence_parallel=lay.get("sequence_parallel", False),
+                        tensor_parallel_output=lay.get("tensor_parallel_output", False))
+    if world_size > 1:
+        dims.build_mesh()
+    model = parallelize_model(build_model(sc.get("tied", False)), dims, SimpleNamespace(bf16=False))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+    start = sc.get("start", 0)
+    if sc.get("load"):
+        state = load_train_state(sc["load"], model, opt, sched)
+        assert state["global_step"] == start, (state, start)
+    losses, norms = [], []
+    for step in range(start, sc["end"]):
+        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(step).items()}
+        with loss_parallel_context(dims):
+            logits = model(batch["input_ids"], position_ids=batch["position_ids"],
+                           attn_mask_startend_row_indices=batch["attn_mask_startend_row_indices"])
+            loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
+                                       ignore_index=-100, reduction="sum")
+            loss_sum = to_local_loss(loss_sum)
+            count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
+            (loss_sum / count).backward()
+        losses.append(float(all_reduce_sum_dp(loss_sum.detach(), dims) / count))
+        norms.append(grad_norm(model))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if sc.get("save_at") == step + 1:
+            save_train_state(sc["save"], model, opt, sched, {"global_step": step + 1})
+    if sc.get("export"):
+        from paddlenlp_ext.distributed.checkpoint import save_full_model
+
+        save_full_model(model, sc["export"])
+    return {"losses": losses, "grad_norms": norms}
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.load(open(spec_path))
+    init_distributed(SimpleNamespace(tensor_parallel_degree=1, sharding_parallel_degree=-1, sharding="stage1"))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    results = {sc["name"]: run_scenario(sc, world) for sc in spec}
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        json.dump(results, open(out_path, "w"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
