@@ -267,7 +267,8 @@ def causal_blockwise_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None 
 
 def block_causal_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None = None, device=None) -> FlashMask:
     """Block-causal (chunked bidirectional): chunk c sees chunks ``<= c``, bidirectionally inside itself:
-    ``LTS = S, UTE_j = start(chunk(j))`` (C=2, non-causal); padding columns fully masked.
+    ``LTS = n, UTE_j = start(chunk(j))`` (C=2, non-causal; n = real tokens of the row, = S without padding);
+    padding columns fully masked.
 
     >>> block_causal_mask([2, 1]).startend_row_indices[0, 0].tolist()
     [[3, 0], [3, 0], [3, 2]]
@@ -276,7 +277,7 @@ def block_causal_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None = No
     cols = []
     for r in rows:
         start, _, real = _doc_cols(r, seq_len)
-        cols.append([torch.where(real, seq_len, 0), start])
+        cols.append([torch.where(real, sum(r), 0), start])  # LTS = n: padding rows see nothing
     return _pack(cols, False, device)
 
 
