@@ -58,15 +58,37 @@ def _is_tied(model: nn.Module) -> bool:
     return head is not None and emb is not None and head.weight is emb.weight
 
 
+def _gather_sequence_style():
+    """``ParallelStyle`` that all-gathers a module's first positional input from ``Shard(1)`` to a local full
+    tensor, leaving the other inputs (rope cos/sin, FlashMask indices, caches) untouched.
+
+    ``PrepareModuleInput`` needs one layout per positional argument; this works for any call signature.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    class GatherSequenceInput(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+            def hook(_mod, args):
+                x = args[0]
+                if isinstance(x, DTensor):
+                    x = x.redistribute(device_mesh, [Replicate()]).to_local()  # [B, L/tp, E] -> [B, L, E]
+                return (x,) + tuple(args[1:])
+
+            module.register_forward_pre_hook(hook)
+            return module
+
+    return GatherSequenceInput()
+
+
 def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, Any]:
     """The ``parallelize_module`` plan for a Llama-named model (module FQN -> ``ParallelStyle``).
 
     With ``sequence_parallel`` the residual stream between blocks is ``Shard(1)`` (sequence-sharded), the
-    norms run ``SequenceParallel`` and the attention / MLP inputs are all-gathered by ``PrepareModuleInput``.
+    norms run ``SequenceParallel`` and the attention / MLP hidden-state inputs are all-gathered by a pre-hook.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     config = _model_config(model)
     sp = parallel_dims.sequence_parallel
@@ -96,10 +118,8 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
         plan[layer + "input_layernorm"] = SequenceParallel()
         plan[layer + "post_attention_layernorm"] = SequenceParallel()
         # Only the hidden states (first positional input) are gathered; rope / mask inputs are replicated.
-        plan[layer + "self_attn"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                       use_local_output=True)
-        plan[layer + "mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                 use_local_output=True)
+        plan[layer + "self_attn"] = _gather_sequence_style()
+        plan[layer + "mlp"] = _gather_sequence_style()
     return plan
 
 

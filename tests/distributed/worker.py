@@ -45,11 +45,19 @@ def make_batch(step: int, vocab: int = 128) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "attn_mask_startend_row_indices": sri}
 
 
-def build_model(tied: bool):
-    from tiny_llama import TinyConfig, TinyLlamaForCausalLM
-
+def build_model(tied: bool, kind: str = "llama"):
+    """Tiny fp32 Llama (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128), identical on every rank."""
     torch.manual_seed(0)
-    return TinyLlamaForCausalLM(TinyConfig(tie_word_embeddings=tied))
+    if kind == "tiny":  # stand-in with the same module names
+        from tiny_llama import TinyConfig, TinyLlamaForCausalLM
+
+        return TinyLlamaForCausalLM(TinyConfig(tie_word_embeddings=tied))
+    from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+                         initializer_range=0.05, max_position_embeddings=64)
+    return LlamaForCausalLM(config)
 
 
 def save_train_state(path, model, opt, sched, trainer_state) -> None:
@@ -93,7 +101,7 @@ def run_scenario(sc: dict, world_size: int) -> dict:
                         tensor_parallel_output=lay.get("tensor_parallel_output", False))
     if world_size > 1:
         dims.build_mesh()
-    model = parallelize_model(build_model(sc.get("tied", False)), dims, SimpleNamespace(bf16=False))
+    model = parallelize_model(build_model(sc.get("tied", False), sc.get("model", "llama")), dims, SimpleNamespace(bf16=False))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
     start = sc.get("start", 0)
