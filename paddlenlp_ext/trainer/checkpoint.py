@@ -1,0 +1,183 @@
+"""Training checkpoints: ``output_dir/checkpoint-<step>/``, written atomically, resumable bit-for-bit.
+
+Layout of one checkpoint (all ranks write into ``checkpoint-<step>.tmp``; rank 0 renames it with
+``os.replace`` once every rank is done, and only then rotates old checkpoints):
+
+- ``distcp/``: model and optimizer states through ``torch.distributed.checkpoint`` (DCP) with
+  ``get_state_dict`` / ``set_state_dict``, so the same code saves a single-process model, FSDP2 shards or TP
+  DTensors (each rank writes its own ``__<rank>_0.distcp``).
+- ``scheduler.pt``: the LR scheduler's ``state_dict``.
+- ``rng_state_<rank>.pth``: python, numpy, torch CPU and CUDA generator states of that rank.
+- ``data_state_<rank>.pt``: data position (epoch and micro-batches consumed in that epoch, or an iterable
+  dataset's ``state_dict``).
+- ``trainer_state.json``: global step, epoch, log history (losses), max_steps.
+
+PaddleNLP writes ``model_state.pdparams``/``optimizer.pdopt``/``rng_state_*.pth``/``trainer_state.json``
+(``paddlenlp/trainer/trainer.py::_save_checkpoint``) or its unified-checkpoint safetensors; we keep its names for
+the RNG and trainer-state files and use DCP for tensors. The final model is saved separately by
+``Trainer.save_model`` as a Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+PREFIX = "checkpoint"
+_CKPT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _dist_on() else 0
+
+
+def _barrier() -> None:
+    if _dist_on():
+        dist.barrier()
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Completed checkpoints ``output_dir/checkpoint-<step>`` sorted by step (``*.tmp`` dirs are ignored)."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := _CKPT_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume_path(resume_from_checkpoint: Any, output_dir: str | os.PathLike) -> Path | None:
+    """Turn ``resume_from_checkpoint`` (None/False, True/"true", or a path) into a checkpoint directory.
+
+    True means the latest ``checkpoint-<step>`` in ``output_dir``; none found is an error (as PaddleNLP:
+    "No valid checkpoint found in output directory"). Raises ValueError for a path that is not a checkpoint.
+    """
+    if resume_from_checkpoint in (None, False, "", "false", "False", "none", "None"):
+        return None
+    if resume_from_checkpoint is True or str(resume_from_checkpoint).lower() == "true":
+        ckpts = list_checkpoints(output_dir)
+        if not ckpts:
+            raise ValueError(f"resume_from_checkpoint=true but no checkpoint-<step> directory in {output_dir}; "
+                             "train without it or pass a checkpoint path")
+        return ckpts[-1]
+    path = Path(resume_from_checkpoint)
+    if not (path / TRAINER_STATE).is_file():
+        raise ValueError(f"resume_from_checkpoint={resume_from_checkpoint!r}: {path / TRAINER_STATE} does not "
+                         "exist; pass a checkpoint-<step> directory written by this trainer, or true")
+    return path
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["cpu"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, scheduler, trainer_state: dict[str, Any],
+                    data_state: dict[str, Any], save_total_limit: int | None = None) -> Path:
+    """Write ``output_dir/checkpoint-<step>`` atomically; collective when torch.distributed is initialised.
+
+    Args:
+        trainer_state: JSON-serialisable dict (global_step, epoch, log_history, ...).
+        data_state: this rank's data position (any ``torch.save``-able dict).
+        save_total_limit: keep at most this many checkpoints (oldest removed), only after the new one is in place.
+
+    Returns the final checkpoint path. On any error the temporary directory is removed (best effort) and the
+    exception re-raised, so no half-written ``checkpoint-<step>`` ever exists and older checkpoints are untouched.
+    """
+    out = Path(output_dir)
+    final = out / f"{PREFIX}-{step}"
+    tmp = out / f"{PREFIX}-{step}.tmp"
+    rank = _rank()
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)  # leftover of an earlier crash
+        tmp.mkdir()
+    _barrier()
+    try:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "distcp"))
+        torch.save(_rng_state(), tmp / f"rng_state_{rank}.pth")
+        torch.save(data_state, tmp / f"data_state_{rank}.pt")
+        if rank == 0:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+        _barrier()
+        if rank == 0:
+            if final.exists():  # re-saving the same step: swap out the old copy
+                old = out / f"{PREFIX}-{step}.old"
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, final)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _barrier()
+    if rank == 0 and save_total_limit is not None and save_total_limit > 0:
+        for old_ckpt in list_checkpoints(out)[:-save_total_limit]:
+            shutil.rmtree(old_ckpt, ignore_errors=True)
+    _barrier()
+    return final
+
+
+def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Restore model, optimizer, scheduler and RNG from ``path``; return ``(trainer_state, data_state)``.
+
+    ``data_state`` is this rank's saved data position, or None when the checkpoint was written with another
+    world size (then a warning is issued and the RNG of rank 0's file is not used either).
+    Raises ValueError when ``path`` is not a checkpoint directory.
+    """
+    path = Path(path)
+    if not (path / TRAINER_STATE).is_file() or not (path / "distcp").is_dir():
+        raise ValueError(f"{path} is not a complete checkpoint (needs {TRAINER_STATE} and distcp/)")
+    rank = _rank()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(state, checkpoint_id=str(path / "distcp"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    trainer_state = json.loads((path / TRAINER_STATE).read_text())
+    rng_file, data_file = path / f"rng_state_{rank}.pth", path / f"data_state_{rank}.pt"
+    if rng_file.is_file() and data_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+        data_state = torch.load(data_file, weights_only=False)
+    else:
+        warnings.warn(f"{path} has no RNG/data state for rank {rank} (saved with another world size?); "
+                      "the data position is recomputed from global_step and RNG is not restored")
+        data_state = None
+    return trainer_state, data_state

@@ -1,0 +1,411 @@
+"""The training loop shared by SFT, DPO and RM: one explicit ``train()``.
+
+Behaviour follows ``paddlenlp/trainer/trainer.py`` (``Trainer.train``/``evaluate``/``_save_checkpoint``) with
+two deliberate differences:
+
+- Loss reduction: the loss of an optimizer step is the token mean over all its micro-batches and all
+  data-parallel ranks (``sum(loss_sum) / sum(count)``); PaddleNLP averages per-micro-batch means (spec section 6,
+  trap 10). ``compute_loss`` returns sums; ``count_loss_units`` gives the denominator before any forward.
+- Epoch boundaries: micro-batches stream across epochs, so an accumulation window can span two epochs
+  (PaddleNLP/HF cut the last window of an epoch short). ``max_steps <= 0`` gives
+  ``ceil(num_train_epochs * micro_batches_per_epoch / gradient_accumulation_steps)`` steps.
+
+Subclass hooks (DPO / RM): ``compute_loss``, ``count_loss_units``, ``reduce_metrics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from . import checkpoint as ckpt
+from .logging_utils import MetricsLogger
+from .loss import count_label_tokens, count_real_tokens, sft_loss
+from .optimization import build_lr_scheduler, build_optimizer
+from .trainer_utils import DataParallelView, ResumableSampler, ShardedIterable
+
+logger = logging.getLogger("paddlenlp_ext.trainer")
+
+
+@dataclass
+class TrainerState:
+    """Progress saved in ``trainer_state.json`` (PaddleNLP ``TrainerState`` subset)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: int = 0  # data epoch being read
+    micro_batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on this rank
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _default_collator(items):
+    if isinstance(items[0], dict) and all(isinstance(v, torch.Tensor) for v in items[0].values()):
+        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    raise ValueError("no data_collator given and items are not dicts of equal-shape tensors; pass "
+                     "data_collator (e.g. paddlenlp_ext.datasets.collate_packs)")
+
+
+class Trainer:
+    """Trains ``model`` on packed batches; see the module docstring for the loss contract.
+
+    Args:
+        model: ``nn.Module`` (already parallelised by ``paddlenlp_ext.distributed.parallelize_model`` when
+            distributed). Parameters should be fp32: bf16 runs through autocast on CUDA.
+        args: ``TrainingArguments``-like object (PaddleNLP names: output_dir, per_device_train_batch_size,
+            gradient_accumulation_steps, learning_rate, max_steps, num_train_epochs, logging_steps, ...).
+        train_dataset / eval_dataset: map-style datasets of packs (``ZeroPaddingMapDataset``) or iterables
+            (``ZeroPaddingIterableDataset``, needs ``max_steps > 0``).
+        data_collator: ``list[item] -> dict[str, Tensor]`` packed batch (docs/design.md section 2).
+        tokenizer: saved next to the final model by ``save_model``.
+        parallel_dims: ``paddlenlp_ext.distributed.ParallelDims`` or None (one process).
+    """
+
+    def __init__(self, model, args, train_dataset=None, eval_dataset=None, data_collator=None, tokenizer=None,
+                 parallel_dims=None):
+        self.model, self.args, self.tokenizer = model, args, tokenizer
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.data_collator = data_collator or _default_collator
+        self.parallel_dims = parallel_dims
+        self.dp = DataParallelView.from_parallel_dims(parallel_dims)
+        self.device = self._pick_device()
+        self.amp_dtype = self._pick_precision()
+        self.state = TrainerState()
+        self.optimizer = self.lr_scheduler = None
+
+    # ---- setup -------------------------------------------------------------------------------------------------
+    def _pick_device(self) -> torch.device:
+        param = next(self.model.parameters())
+        if param.device.type != "cpu":
+            return param.device
+        if torch.cuda.is_available() and str(getattr(self.args, "device", "gpu")) != "cpu":
+            self.model.to(torch.cuda.current_device())
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _pick_precision(self) -> torch.dtype | None:
+        bf16, fp16 = bool(getattr(self.args, "bf16", False)), bool(getattr(self.args, "fp16", False))
+        if self.device.type == "cuda" and (bf16 or fp16):
+            if fp16:
+                logger.warning("fp16 is not supported (no loss scaling here); computing in bf16 instead")
+            logger.info("precision: bf16 autocast on %s, fp32 parameters and AdamW states", self.device)
+            return torch.bfloat16
+        logger.info("precision: fp32 on %s%s", self.device,
+                    " (bf16 requested but only used on CUDA)" if bf16 or fp16 else "")
+        return None
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _loss_context(self):
+        if self.parallel_dims is None:
+            return contextlib.nullcontext()
+        from paddlenlp_ext.distributed.parallelize import loss_parallel_context
+
+        return loss_parallel_context(self.parallel_dims)
+
+    def _loader(self, dataset, batch_size: int, *, shuffle: bool, epoch: int = 0, skip: int = 0) -> DataLoader:
+        """DataLoader over this rank's slice; ``skip`` micro-batches of ``epoch`` already consumed."""
+        workers = int(getattr(self.args, "dataloader_num_workers", 0) or 0)
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            shard = ShardedIterable(dataset, batch_size, self.dp.size, self.dp.rank, epoch, skip * batch_size)
+            return DataLoader(shard, batch_size=batch_size, collate_fn=self.data_collator, num_workers=workers)
+        sampler = ResumableSampler(len(dataset), self.dp.size, self.dp.rank, shuffle=shuffle,
+                                   seed=int(self.args.seed), epoch=epoch, skip=skip * batch_size,
+                                   drop_last=bool(getattr(self.args, "dataloader_drop_last", False)))
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.data_collator,
+                          num_workers=workers, drop_last=bool(getattr(self.args, "dataloader_drop_last", False)))
+
+    def micro_batches_per_epoch(self) -> int | None:
+        """Micro-batches one epoch gives this rank, or None for an iterable dataset."""
+        if isinstance(self.train_dataset, IterableDataset) or not hasattr(self.train_dataset, "__len__"):
+            return None
+        return len(self._loader(self.train_dataset, self.args.per_device_train_batch_size, shuffle=False))
+
+    def compute_max_steps(self) -> int:
+        """``max_steps`` if > 0, else from ``num_train_epochs``; ValueError when neither is usable."""
+        if self.args.max_steps and self.args.max_steps > 0:
+            return int(self.args.max_steps)
+        per_epoch = self.micro_batches_per_epoch()
+        if per_epoch is None:
+            raise ValueError("max_steps must be > 0 with an iterable (lazy=true) train dataset: its length is "
+                             "unknown; set --max_steps")
+        steps = math.ceil(float(self.args.num_train_epochs) * per_epoch / self.args.gradient_accumulation_steps)
+        if steps <= 0:
+            raise ValueError(f"num_train_epochs={self.args.num_train_epochs} gives 0 optimizer steps; "
+                             "set num_train_epochs > 0 or max_steps > 0")
+        return steps
+
+    def create_optimizer_and_scheduler(self, max_steps: int) -> None:
+        """AdamW + LR schedule (``optimization.py``); call after parallelising the model."""
+        if self.optimizer is None:
+            self.optimizer = build_optimizer(self.model, self.args)
+        if self.lr_scheduler is None:
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, self.args, max_steps)
+
+    # ---- subclass hooks ----------------------------------------------------------------------------------------
+    def compute_loss(self, model, batch: dict[str, torch.Tensor]):
+        """``(loss_sum, count, metrics)`` of one micro-batch: fp32 scalar sum, int scalar, dict of per-unit
+        sums (reported divided by the total count). SFT: summed token cross entropy (``loss.sft_loss``)."""
+        return sft_loss(model, batch)
+
+    def count_loss_units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Denominator units in ``batch`` (int64 scalar, computed on the host batch before any forward):
+        label tokens for SFT. DPO/RM override this with the number of pairs."""
+        return count_label_tokens(batch)
+
+    def reduce_metrics(self, loss_sum: float, count: float, metric_sums: dict[str, float]) -> dict[str, float]:
+        """Turn globally summed quantities into reported metrics: ``loss = loss_sum / count`` and each
+        metric divided by ``count``."""
+        denom = max(count, 1.0)
+        return {"loss": loss_sum / denom, **{k: v / denom for k, v in metric_sums.items()}}
+
+    # ---- one optimizer step ------------------------------------------------------------------------------------
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                for k, v in batch.items()}
+
+    def forward_backward(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+        """Forward/backward every micro-batch with weight ``1 / total_count`` (gradients accumulate).
+
+        ``total_count`` = ``count_loss_units`` summed over the micro-batches and all-reduced over data ranks, so
+        the accumulated gradient is that of the global token mean. Returns device tensors (no host sync):
+        local ``loss_sum``, global ``count``, local non-pad ``tokens`` and local metric sums.
+        """
+        counts = torch.stack([torch.as_tensor(self.count_loss_units(b)) for b in micro_batches])
+        total = self.dp.all_reduce_sum(counts.sum().to(self.device, torch.float32))
+        inv_total = 1.0 / total.clamp(min=1.0)
+        loss_sum = torch.zeros((), device=self.device)
+        tokens = torch.stack([torch.as_tensor(count_real_tokens(b)) for b in micro_batches]).sum()
+        metric_sums: dict[str, torch.Tensor] = {}
+        sync = getattr(self.model, "set_requires_gradient_sync", None)
+        for i, batch in enumerate(micro_batches):
+            if sync is not None and len(micro_batches) > 1:
+                sync(i == len(micro_batches) - 1)  # FSDP: reduce gradients once, on the last micro-batch
+            batch = self._to_device(batch)
+            with self._loss_context():
+                with self._autocast():
+                    mb_loss, _, metrics = self.compute_loss(self.model, batch)
+                (mb_loss * inv_total).backward()
+            loss_sum += mb_loss.detach().float()
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v).detach().float()
+        return {"loss_sum": loss_sum, "count": total, "tokens": tokens, "metrics": metric_sums}
+
+    def optimizer_step(self) -> torch.Tensor | None:
+        """Clip to ``max_grad_norm`` (returns the pre-clip norm, or None when disabled), step, zero grads."""
+        grad_norm = None
+        if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def training_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches (device tensors, no sync)."""
+        out = self.forward_backward(micro_batches)
+        out["grad_norm"] = self.optimizer_step()
+        return out
+
+    # ---- data stream -------------------------------------------------------------------------------------------
+    def _micro_batch_stream(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless micro-batches from ``state.epoch`` / ``state.micro_batches_in_epoch`` on, across epochs."""
+        bs = self.args.per_device_train_batch_size
+        shuffle = bool(getattr(self.args, "dataloader_shuffle", True))
+        while True:
+            loader = self._loader(self.train_dataset, bs, shuffle=shuffle, epoch=self.state.epoch,
+                                  skip=self.state.micro_batches_in_epoch)
+            for batch in loader:
+                self.state.micro_batches_in_epoch += 1
+                yield batch
+            if self.state.micro_batches_in_epoch == 0:
+                raise ValueError("the train dataset yields no batch (empty after packing, or fewer packs than "
+                                 "data-parallel ranks x batch size)")
+            self.state.epoch += 1
+            self.state.micro_batches_in_epoch = 0
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: Any = None) -> dict[str, float]:
+        """Run to ``max_steps``; returns ``{"global_step", "train_loss", "train_runtime", "tokens_per_sec"}``.
+
+        ``resume_from_checkpoint``: a checkpoint path, or True for the latest in ``output_dir``; None falls
+        back to ``args.resume_from_checkpoint``.
+        """
+        args = self.args
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs train_dataset")
+        max_steps = self.compute_max_steps()
+        self.create_optimizer_and_scheduler(max_steps)
+        self.state.max_steps = max_steps
+        resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(
+            args, "resume_from_checkpoint", None)
+        resume_path = ckpt.resolve_resume_path(resume, args.output_dir)
+        if resume_path is not None:
+            self._load_checkpoint(resume_path)
+        acc_steps = int(args.gradient_accumulation_steps)
+        logger.info("training: %d optimizer steps (from step %d), %d micro-batch(es) of %d per step, %d data "
+                    "rank(s)", max_steps, self.state.global_step, acc_steps, args.per_device_train_batch_size,
+                    self.dp.size)
+        metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
+        stream = self._micro_batch_stream()
+        window = _Window(self.device)
+        start, total_tokens, total_loss, total_count = time.perf_counter(), 0, 0.0, 0.0
+        self.model.train()
+        while self.state.global_step < max_steps:
+            epoch_before = self.state.epoch
+            micro = [next(stream) for _ in range(acc_steps)]
+            out = self.training_step(micro)
+            self.state.global_step += 1
+            step = self.state.global_step
+            window.add(out)
+            metrics_logger.step()
+            if step % max(int(args.logging_steps), 1) == 0 or step == max_steps:
+                logs = window.pop(self, time.perf_counter())
+                logs["lr"] = self.lr_scheduler.get_last_lr()[0]
+                logs["epoch"] = self.state.epoch
+                total_loss, total_count = total_loss + logs.pop("_loss_sum"), total_count + logs.pop("_count")
+                total_tokens += logs.pop("_tokens")
+                self.state.log_history.append({"step": step, **logs})
+                metrics_logger.log(logs, step)
+            epoch_done = self.state.epoch != epoch_before or step == max_steps
+            if self._due(getattr(args, "evaluation_strategy", "no"), args.eval_steps or args.logging_steps,
+                         step, epoch_done) and self.eval_dataset is not None:
+                metrics_logger.log(self.evaluate(log=False), step, prefix="eval")
+                window.t0 = time.perf_counter()  # keep eval time out of tokens/s
+            if self._due(getattr(args, "save_strategy", "steps"), args.save_steps, step, epoch_done):
+                self.save_checkpoint()
+                window.t0 = time.perf_counter()
+        metrics_logger.close()
+        runtime = time.perf_counter() - start
+        result = {"global_step": self.state.global_step, "train_runtime": runtime,
+                  "train_loss": total_loss / max(total_count, 1.0),
+                  "tokens_per_sec": total_tokens * self.dp.size / max(runtime, 1e-9)}
+        logger.info("training done: %s", json.dumps(result))
+        return result
+
+    @staticmethod
+    def _due(strategy: Any, every: int | None, step: int, epoch_done: bool) -> bool:
+        strategy = str(strategy).split(".")[-1].lower()
+        if strategy == "steps":
+            return bool(every) and every > 0 and step % int(every) == 0
+        if strategy == "epoch":
+            return epoch_done
+        if strategy in ("no", "none", ""):
+            return False
+        raise ValueError(f"strategy {strategy!r} is not one of 'no', 'steps', 'epoch' "
+                         "(evaluation_strategy / save_strategy)")
+
+    # ---- evaluation ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, log: bool = True) -> dict[str, float]:
+        """Mean loss over the dev packs: ``sum(loss_sum) / sum(count)`` over all batches and data ranks.
+
+        Returns ``{"eval_loss": float, "eval_<metric>": float, ...}``. Raises ValueError without a dataset.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs eval_dataset (dev set); set dev data or pass eval_dataset")
+        was_training = self.model.training
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        count = torch.zeros((), device=self.device, dtype=torch.float64)
+        for batch in self._loader(dataset, self.args.per_device_eval_batch_size, shuffle=False):
+            batch = self._to_device(batch)
+            with self._loss_context(), self._autocast():
+                ls, c, metrics = self.compute_loss(self.model, batch)
+            loss_sum += ls.detach().double()
+            count += torch.as_tensor(c, device=self.device).double()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().double()
+        keys = sorted(sums)
+        packed = self.dp.all_reduce_sum(torch.stack([loss_sum, count, *[sums[k] for k in keys]]))
+        values = packed.tolist()
+        reduced = self.reduce_metrics(values[0], values[1], dict(zip(keys, values[2:])))
+        result = {f"eval_{k}": v for k, v in reduced.items()}
+        self.model.train(was_training)
+        if log:
+            logger.info("eval: %s", json.dumps(result))
+        return result
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> str:
+        """Write ``output_dir/checkpoint-<global_step>`` (see ``checkpoint.py``); returns its path."""
+        data_state = {"epoch": self.state.epoch, "micro_batches_in_epoch": self.state.micro_batches_in_epoch}
+        path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, self.model, self.optimizer,
+                                    self.lr_scheduler, asdict(self.state), data_state,
+                                    getattr(self.args, "save_total_limit", None))
+        logger.info("saved checkpoint %s", path)
+        return str(path)
+
+    def _load_checkpoint(self, path) -> None:
+        trainer_state, data_state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
+        self.state = TrainerState(**{k: v for k, v in trainer_state.items() if k in TrainerState.__dataclass_fields__})
+        if data_state is not None:
+            self.state.epoch = int(data_state["epoch"])
+            self.state.micro_batches_in_epoch = int(data_state["micro_batches_in_epoch"])
+        if bool(getattr(self.args, "ignore_data_skip", False)):
+            self.state.micro_batches_in_epoch = 0  # PaddleNLP: restart the epoch's data from its beginning
+        logger.info("resumed from %s at step %d (epoch %d, %d micro-batches in)", path, self.state.global_step,
+                    self.state.epoch, self.state.micro_batches_in_epoch)
+
+    def save_model(self, output_dir: str | None = None) -> str:
+        """Save the final model as a Hugging Face directory (``save_pretrained``) plus tokenizer files.
+
+        Distributed: gathers a full state dict (``get_model_state_dict(full_state_dict=True)``) and rank 0 writes
+        it through ``save_pretrained(dir, state_dict=...)``.
+        """
+        output_dir = output_dir or self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        if self.dp.size > 1 or (self.parallel_dims is not None and getattr(self.parallel_dims, "tp", 1) > 1):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.dp.is_main:
+                self.model.save_pretrained(output_dir, state_dict=full)
+        elif self.dp.is_main:
+            self.model.save_pretrained(output_dir)
+        if self.dp.is_main and self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+            self.tokenizer.save_pretrained(output_dir)
+        return output_dir
+
+
+class _Window:
+    """Device-side sums of the steps since the last log; one host sync per log."""
+
+    def __init__(self, device):
+        self.device, self.outs, self.t0 = device, [], time.perf_counter()
+
+    def add(self, out: dict[str, Any]) -> None:
+        self.outs.append(out)
+
+    def pop(self, trainer: Trainer, now: float) -> dict[str, float]:
+        outs, self.outs = self.outs, []
+        keys = sorted({k for o in outs for k in o["metrics"]})
+        local = torch.stack([sum(o["loss_sum"] for o in outs).double(),
+                             *[sum(torch.as_tensor(o["metrics"].get(k, 0.0), device=self.device)
+                                   for o in outs).double() for k in keys]])
+        values = trainer.dp.all_reduce_sum(local).tolist()
+        count = float(sum(o["count"] for o in outs).item())
+        tokens = int(sum(int(o["tokens"]) for o in outs))
+        logs = trainer.reduce_metrics(values[0], count, dict(zip(keys, values[1:])))
+        norms = [o["grad_norm"] for o in outs if o["grad_norm"] is not None]
+        if norms:
+            logs["grad_norm"] = float(norms[-1].full_tensor() if hasattr(norms[-1], "full_tensor") else norms[-1])
+        elapsed = max(now - self.t0, 1e-9)
+        logs["tokens_per_sec"] = tokens * trainer.dp.size / elapsed  # all data ranks, non-pad tokens
+        self.t0 = now
+        logs.update({"_loss_sum": values[0], "_count": count, "_tokens": tokens})
+        return logs

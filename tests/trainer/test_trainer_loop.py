@@ -1,0 +1,155 @@
+"""Trainer loop: gradient-accumulation equivalence, LR schedules, evaluation, TensorBoard output."""
+
+import glob
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paddlenlp_ext.trainer.optimization import build_optimizer, lr_lambda, num_warmup_steps
+from paddlenlp_ext.trainer.trainer import Trainer
+
+from trainer_fixtures import PackDataset
+
+
+def _collate(items):
+    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_accumulation_equals_big_batch(make_args, tiny_model):
+    """4 micro-batches of 1 pack == 1 batch of 4 packs: same loss (global token mean) and same gradients."""
+    ds = PackDataset(4)
+    packs = [ds[i] for i in range(4)]
+    t_small = Trainer(tiny_model(), make_args(gradient_accumulation_steps=4, per_device_train_batch_size=1))
+    t_big = Trainer(tiny_model(), make_args(per_device_train_batch_size=4))
+    out_small = t_small.forward_backward([_collate([p]) for p in packs])
+    out_big = t_big.forward_backward([_collate(packs)])
+
+    big = _collate(packs)
+    logits = t_big.model(big["input_ids"], big["position_ids"], big["attn_mask_startend_row_indices"])
+    expected = F.cross_entropy(logits.flatten(0, 1), big["labels"].flatten(), ignore_index=-100)  # token mean
+    loss_small = out_small["loss_sum"] / out_small["count"]
+    loss_big = out_big["loss_sum"] / out_big["count"]
+    assert out_small["count"].item() == out_big["count"].item() == (big["labels"] != -100).sum().item()
+    # fp32 sums in a different order: a few ulps of the ~3.5 loss
+    torch.testing.assert_close(loss_small, expected.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss_big, expected.detach(), rtol=1e-6, atol=1e-6)
+    g_small, g_big = _grads(t_small.model), _grads(t_big.model)
+    for name in g_big:
+        torch.testing.assert_close(g_small[name], g_big[name], rtol=1e-5, atol=1e-7, msg=name)
+    # packs hold different numbers of label tokens, so a mean of per-micro-batch means would differ
+    per_mb = torch.stack([F.cross_entropy(t_big.model(**{k: _collate([p])[k] for k in
+                                                          ("input_ids", "position_ids")}).flatten(0, 1),
+                                          p["labels"], ignore_index=-100) for p in packs]).mean()
+    assert abs(per_mb.item() - expected.item()) > 1e-4
+
+
+def test_accumulated_training_matches_big_batch_training(make_args, tiny_model):
+    """Whole runs: gas=4 x bs=1 and gas=1 x bs=4 log the same losses for 4 steps."""
+    ds = PackDataset(16)
+    a = Trainer(tiny_model(), make_args(gradient_accumulation_steps=4, per_device_train_batch_size=1, max_steps=4),
+                train_dataset=ds)
+    b = Trainer(tiny_model(), make_args(per_device_train_batch_size=4, max_steps=4), train_dataset=ds)
+    a.train()
+    b.train()
+    la = [h["loss"] for h in a.state.log_history]
+    lb = [h["loss"] for h in b.state.log_history]
+    assert len(la) == 4
+    assert la == pytest.approx(lb, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant", "constant_with_warmup", "polynomial"])
+def test_schedule_values(schedule):
+    warm, total = 2, 10
+    fn = lr_lambda(schedule, warm, total, num_cycles=0.5, lr_end=1e-7, power=2.0, base_lr=1e-3)
+    if schedule == "constant":
+        assert [fn(s) for s in range(total)] == [1.0] * total
+        return
+    assert fn(0) == 0.0 and fn(1) == 0.5 and fn(2) == pytest.approx(1.0)
+    progress = [(s - warm) / (total - warm) for s in range(warm, total + 1)]
+    got = [fn(s) for s in range(warm, total + 1)]
+    if schedule == "linear":
+        want = [1 - p for p in progress]
+    elif schedule == "cosine":
+        want = [0.5 * (1 + math.cos(math.pi * p)) for p in progress]
+    elif schedule == "constant_with_warmup":
+        want = [1.0] * len(progress)
+    else:
+        want = [((1e-3 - 1e-7) * (1 - p) ** 2 + 1e-7) / 1e-3 for p in progress]
+    assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_cosine_min_lr_floor():
+    fn = lr_lambda("cosine", 0, 10, base_lr=1e-3, min_lr=1e-4)
+    assert fn(10) == pytest.approx(0.1) and fn(0) == pytest.approx(1.0)
+
+
+def test_warmup_steps_override_ratio(make_args):
+    assert num_warmup_steps(make_args(warmup_steps=3, warmup_ratio=0.5), 100) == 3
+    assert num_warmup_steps(make_args(warmup_steps=0, warmup_ratio=0.05), 30) == 1  # int(1.5), PaddleNLP
+
+
+def test_unknown_schedule_raises():
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        lr_lambda("triangle", 0, 10)
+
+
+def test_trainer_lr_follows_schedule(make_args, tiny_model):
+    t = Trainer(tiny_model(), make_args(max_steps=5, warmup_steps=2, learning_rate=1e-2), train_dataset=PackDataset(8))
+    t.train()
+    # logged after scheduler.step() (as PaddleNLP): the lr the next step will use; step 1 ran at lr 0
+    lrs = [h["lr"] for h in t.state.log_history]
+    assert lrs == pytest.approx([1e-2 * f for f in (0.5, 1.0, 2 / 3, 1 / 3, 0.0)], abs=1e-12)
+
+
+def test_no_weight_decay_on_norms_and_biases(make_args, tiny_model):
+    opt = build_optimizer(tiny_model(), make_args(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert len(no_decay["params"]) == 3  # mlp.bias, norm.weight, norm.bias
+
+
+def test_loss_falls_and_evaluate(make_args, tiny_model):
+    ds = PackDataset(8)
+    t = Trainer(tiny_model(), make_args(max_steps=20, learning_rate=3e-2), train_dataset=ds, eval_dataset=ds)
+    before = t.evaluate()["eval_loss"]
+    t.train()
+    after = t.evaluate()["eval_loss"]
+    assert after < before - 0.5
+    # eval loss is the global token mean over the dev packs
+    batch = _collate([ds[i] for i in range(len(ds))])
+    with torch.no_grad():
+        logits = t.model(batch["input_ids"], batch["position_ids"])
+    ref = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100).item()
+    assert after == pytest.approx(ref, rel=1e-5)
+
+
+def test_epochs_give_max_steps_and_eval_per_epoch(make_args, tiny_model):
+    ds = PackDataset(10)  # bs 2 -> 5 micro-batches per epoch; gas 2 -> ceil(2 * 5 / 2) = 5 steps
+    t = Trainer(tiny_model(), make_args(max_steps=-1, num_train_epochs=2, gradient_accumulation_steps=2,
+                                        evaluation_strategy="epoch"), train_dataset=ds, eval_dataset=ds)
+    calls = []
+    orig = t.evaluate
+    t.evaluate = lambda *a, **k: calls.append(t.state.global_step) or orig(*a, **k)
+    t.train()
+    assert t.state.global_step == 5
+    assert calls == [3, 5]  # epoch 0 ends inside step 3 (micro-batches 5, 6); step 5 ends epoch 1
+
+
+def test_tensorboard_event_file(make_args, tiny_model, tmp_path):
+    args = make_args(max_steps=3, report_to=["tensorboard"])
+    Trainer(tiny_model(), args, train_dataset=PackDataset(8)).train()
+    events = glob.glob(str(tmp_path / "out" / "runs" / "events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3]
+    assert "train/lr" in acc.Tags()["scalars"] and "train/tokens_per_sec" in acc.Tags()["scalars"]
