@@ -1,0 +1,124 @@
+"""Reading PaddleNLP's SFT jsonl and its directory layout, with errors that name the file and line.
+
+Format (PaddleNLP ``llm/utils/data.py``, spec 2.1): one JSON object per line,
+``{"src": str | [str], "tgt": str | [str], "context": {...}?}``; ``src[i]`` is the i-th user turn and
+``tgt[i]`` the i-th assistant answer, so list lengths must match. Blank lines are skipped; other keys are
+kept (and ignored by the tokenizer).
+
+Directory layout (PaddleNLP ``create_dataset``): ``<dir>/train.json`` and ``<dir>/dev.json`` (and
+``test.json``), or else ``<dir>/train/*.json``, ``<dir>/dev/*.json``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Callable, Dict, Iterator, List, Optional
+
+SPLITS = ("train", "dev", "test")
+
+
+def check_sft_record(record: dict) -> dict:
+    """Validate one SFT record and normalise ``src``/``tgt`` to equal-length lists of strings.
+
+    Returns a new dict (``src``/``tgt`` as lists, other keys kept).
+
+    Raises:
+        ValueError: not an object, ``src`` or ``tgt`` missing, not a string / list of strings, empty lists,
+            lists of different lengths, or ``context`` not an object. The message is the rule and the fix;
+            :func:`iter_jsonl` prefixes the file and line.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object {{\"src\": ..., \"tgt\": ...}}, got {type(record).__name__}")
+    missing = [k for k in ("src", "tgt") if k not in record]
+    if missing:
+        raise ValueError(f"missing key(s) {missing}; an SFT record needs \"src\" (user turns) and \"tgt\" "
+                         f"(assistant answers), got keys {sorted(record)}")
+    out = dict(record)
+    for key in ("src", "tgt"):
+        value = record[key]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"\"{key}\" must be a string or a list of strings, got {json.dumps(record[key])[:80]}")
+        if not value:
+            raise ValueError(f"\"{key}\" is an empty list; give at least one turn")
+        out[key] = value
+    if len(out["src"]) != len(out["tgt"]):
+        raise ValueError(f"\"src\" has {len(out['src'])} turns but \"tgt\" has {len(out['tgt'])}; each user turn "
+                         f"src[i] needs its answer tgt[i]")
+    if "context" in record and not isinstance(record["context"], dict):
+        raise ValueError(f"\"context\" must be a JSON object, got {type(record['context']).__name__}")
+    return out
+
+
+def iter_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> Iterator[dict]:
+    """Yield the records of a jsonl file, each passed through ``validate`` (None = no check).
+
+    Raises:
+        ValueError: ``<path>:<line>: <problem>`` for invalid JSON (with the column) or a record that
+            ``validate`` rejects; ``<path>: empty file`` when the file holds no record.
+        FileNotFoundError: the file does not exist.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file {path!r} does not exist")
+    count = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON at column {e.colno}: {e.msg} "
+                                 f"(each line must be one JSON object)") from None
+            if validate is not None:
+                try:
+                    record = validate(record)
+                except ValueError as e:
+                    raise ValueError(f"{path}:{lineno}: {e}") from None
+            count += 1
+            yield record
+    if count == 0:
+        raise ValueError(f"{path}: empty file (no JSON records); expected one {{\"src\", \"tgt\"}} object per line")
+
+
+def read_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> List[dict]:
+    """All records of a jsonl file as a list; see :func:`iter_jsonl` for validation and errors."""
+    return list(iter_jsonl(path, validate))
+
+
+def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
+    """Map split name -> jsonl files, following PaddleNLP's ``create_dataset`` layout.
+
+    ``<dir>/{train,dev,test}.json`` when ``train.json`` or ``dev.json`` exists, else sorted
+    ``<dir>/{split}/*.json``. A single file path is taken as the train split. Splits without files are
+    omitted.
+
+    Raises:
+        ValueError: the path does not exist, or the directory holds neither layout.
+    """
+    path = dataset_name_or_path
+    if path is None:
+        raise ValueError("dataset_name_or_path is not set; give a directory with train.json/dev.json")
+    if os.path.isfile(path):
+        return {"train": [path]}
+    if not os.path.isdir(path):
+        raise ValueError(f"dataset_name_or_path {path!r} is neither a directory nor a file "
+                         f"(built-in dataset names are not supported)")
+    files: Dict[str, List[str]] = {}
+    if os.path.isfile(os.path.join(path, "train.json")) or os.path.isfile(os.path.join(path, "dev.json")):
+        for split in SPLITS:
+            p = os.path.join(path, f"{split}.json")
+            if os.path.isfile(p):
+                files[split] = [p]
+    else:
+        for split in SPLITS:
+            found = sorted(glob.glob(os.path.join(path, split, "*.json")))
+            if found:
+                files[split] = found
+    if not files:
+        raise ValueError(f"{path}: no data found; expected {path}/train.json (+ dev.json) or "
+                         f"{path}/train/*.json (+ dev/*.json), jsonl of {{\"src\", \"tgt\"}}")
+    return files
