@@ -100,21 +100,39 @@ def save_full_adapters(model: nn.Module, save_dir: str, save_fn: Any = None) -> 
     Args:
         model: parallelized model whose trainable parameters are the adapters.
         save_dir: output directory.
-        save_fn: ``save_fn(state_dict, save_dir)`` that writes the adapter format (e.g. the PEFT writer of
-            ``paddlenlp_ext.peft``); default: ``adapter_model.safetensors`` via safetensors.
+        save_fn: ``save_fn(state_dict, save_dir)`` that writes the adapter; default: the PEFT format of
+            ``paddlenlp_ext.peft.lora.save_lora`` (``adapter_model.safetensors`` with ``base_model.model.``
+            keys + ``adapter_config.json``).
 
     Returns:
         The gathered ``{name: tensor}`` on rank 0 (empty elsewhere).
     """
     sd = full_state_dict(model, trainable_only=True)
     if _rank() == 0:
-        if save_fn is not None:
-            save_fn(sd, save_dir)
-        else:
-            from safetensors.torch import save_file
-
-            os.makedirs(save_dir, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(save_dir, "adapter_model.safetensors"),
-                      metadata={"format": "pt"})
+        (save_fn or _write_peft_adapter(model))(sd, save_dir)
     _barrier()
     return sd
+
+
+def _write_peft_adapter(model: nn.Module):
+    """A writer for the PEFT layout that ``paddlenlp_ext.peft.lora.save_lora`` produces, from gathered tensors."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from paddlenlp_ext.peft import lora as peft_lora
+
+    def write(sd: dict[str, torch.Tensor], save_dir: str) -> None:
+        sd = {k: v for k, v in sd.items() if ".lora_A." in k or ".lora_B." in k}
+        if not sd:
+            raise ValueError("save_full_adapters: the model has no trainable LoRA tensors (call apply_lora first)")
+        cfg = getattr(model, "lora_config", None) or peft_lora._infer_config(model)
+        mcfg = getattr(model, "config", None)
+        base = getattr(mcfg, "_name_or_path", None) or getattr(mcfg, "name_or_path", None)
+        os.makedirs(save_dir, exist_ok=True)
+        tensors = {peft_lora._PEFT_PREFIX + k: v.contiguous() for k, v in sd.items()}
+        save_file(tensors, os.path.join(save_dir, peft_lora.ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+        with open(os.path.join(save_dir, peft_lora.ADAPTER_CONFIG_NAME), "w") as f:
+            json.dump(peft_lora._peft_config_dict(model, cfg, base), f, indent=2, sort_keys=True)
+
+    return write

@@ -81,6 +81,57 @@ def _gather_sequence_style():
     return GatherSequenceInput()
 
 
+def _is_lora(module: nn.Module) -> bool:
+    return hasattr(module, "lora_A") and hasattr(module, "lora_B")
+
+
+def _shard_param(module: nn.Module, pname: str, device_mesh, placement) -> None:
+    from torch.distributed.tensor import distribute_tensor
+
+    param = getattr(module, pname, None)
+    if param is not None:
+        module.register_parameter(pname, nn.Parameter(distribute_tensor(param, device_mesh, [placement]),
+                                                      requires_grad=param.requires_grad))
+
+
+def _colwise(lora: bool, **kwargs):
+    """``ColwiseParallel``; for a ``LoRALinear`` (``paddlenlp_ext.peft``) also split ``lora_B [out, r]`` on
+    ``out`` and replicate ``lora_A [r, in]`` (PaddleNLP ``ColumnParallelLoRALinear``)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    if not lora:
+        return ColwiseParallel(**kwargs)
+
+    class LoRAColwiseParallel(ColwiseParallel):
+        def _partition_linear_fn(self, name, module, device_mesh):
+            # Called once per submodule: "" is the base Linear, "lora_B" the up-projection; the rest
+            # (lora_A, dropout) is replicated by distribute_module.
+            if name in ("", "lora_B"):
+                _shard_param(module, "weight", device_mesh, Shard(0))
+                _shard_param(module, "bias", device_mesh, Shard(0))
+
+    return LoRAColwiseParallel(**kwargs)
+
+
+def _rowwise(lora: bool, **kwargs):
+    """``RowwiseParallel``; for a ``LoRALinear`` also split ``lora_A [r, in]`` on ``in`` and replicate
+    ``lora_B [out, r]`` (PaddleNLP ``RowParallelLoRALinear``). Both branches give partial sums that the
+    output all-reduce (or reduce-scatter) completes together."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    if not lora:
+        return RowwiseParallel(**kwargs)
+
+    class LoRARowwiseParallel(RowwiseParallel):
+        def _partition_linear_fn(self, name, module, device_mesh):
+            if name in ("", "lora_A"):
+                _shard_param(module, "weight", device_mesh, Shard(1))  # bias stays replicated
+
+    return LoRARowwiseParallel(**kwargs)
+
+
 def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, Any]:
     """The ``parallelize_module`` plan for a Llama-named model (module FQN -> ``ParallelStyle``).
 
@@ -108,12 +159,12 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
     if sp:
         plan["model.norm"] = SequenceParallel()
     layer = "model.layers.*."
-    for name in ("q_proj", "k_proj", "v_proj"):
-        plan[layer + "self_attn." + name] = ColwiseParallel()
-    for name in ("gate_proj", "up_proj"):
-        plan[layer + "mlp." + name] = ColwiseParallel()
-    plan[layer + "self_attn.o_proj"] = RowwiseParallel(output_layouts=residual)
-    plan[layer + "mlp.down_proj"] = RowwiseParallel(output_layouts=residual)
+    # LoRA wraps the projections in place (same names); the styles then also place the adapters.
+    lora = any(_is_lora(m) for m in model.modules())
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+        plan[layer + name] = _colwise(lora)
+    plan[layer + "self_attn.o_proj"] = _rowwise(lora, output_layouts=residual)
+    plan[layer + "mlp.down_proj"] = _rowwise(lora, output_layouts=residual)
     if sp:
         plan[layer + "input_layernorm"] = SequenceParallel()
         plan[layer + "post_attention_layernorm"] = SequenceParallel()

@@ -101,8 +101,13 @@ def run_scenario(sc: dict, world_size: int) -> dict:
                         tensor_parallel_output=lay.get("tensor_parallel_output", False))
     if world_size > 1:
         dims.build_mesh()
-    model = parallelize_model(build_model(sc.get("tied", False), sc.get("model", "llama")), dims, SimpleNamespace(bf16=False))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    model = build_model(sc.get("tied", False), sc.get("model", "llama"))
+    if sc.get("lora"):
+        from paddlenlp_ext.peft.lora import LoRAConfig, apply_lora
+
+        apply_lora(model, LoRAConfig(r=4, lora_alpha=8))
+    model = parallelize_model(model, dims, SimpleNamespace(bf16=False))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
     start = sc.get("start", 0)
     if sc.get("load"):
@@ -130,6 +135,10 @@ def run_scenario(sc: dict, world_size: int) -> dict:
         from paddlenlp_ext.distributed.checkpoint import save_full_model
 
         save_full_model(model, sc["export"])
+    if sc.get("adapters"):
+        from paddlenlp_ext.distributed.checkpoint import save_full_adapters
+
+        save_full_adapters(model, sc["adapters"])
     return {"losses": losses, "grad_norms": norms}
 
 
