@@ -1,0 +1,220 @@
+"""Triton FlashMask kernel vs the PyTorch reference, on CPU under TRITON_INTERPRET=1 (fp32 and fp16).
+
+Checked per case: output, LSE (incl. -inf on empty rows) and dq/dk/dv against a float64 reference; the
+tolerance is derived from the same computation in the kernel's dtype in plain PyTorch (tests/ops/tolerance.py).
+Sizes are small because the interpreter is slow (the whole file runs in about a minute or two on 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from flashmask import flashmask_attention  # noqa: E402
+from flashmask.dense import to_dense  # noqa: E402
+from flashmask.reference import flashmask_attention_reference  # noqa: E402
+from flashmask.triton_flashmask import flashmask_attention_triton  # noqa: E402
+from tolerance import assert_close_to_ref  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+def random_sri(b: int, hm: int, s_k: int, causal: bool, c: int, s_q: int | None = None, gen=None) -> torch.Tensor:
+    """Random valid ``startend_row_indices`` int32 ``[b, hm, s_k, c]`` for a mode; about a quarter of the
+    columns keep the default (no extra masking) so tiles of every class occur."""
+    s_q = s_k if s_q is None else s_q
+    r = torch.randint(0, s_q + 1, (b, hm, s_k, 4), generator=gen)
+    r = torch.sort(r, dim=-1).values  # LTS <= LTE ... keeps intervals well formed and varied
+    keep = torch.rand(b, hm, s_k, generator=gen) < 0.25
+    if causal:
+        j = torch.arange(s_k)
+        lts = torch.maximum(r[..., 2], j + 1).clamp(max=s_q)  # lower interval below the diagonal
+        lte = torch.maximum(r[..., 3], lts)
+        lts = torch.where(keep, s_q, lts)
+        vec = [lts] if c == 1 else [lts, torch.where(keep, s_q, lte)]
+    elif c == 2:
+        lts, ute = r[..., 2], r[..., 1]  # visible rows: [UTE, LTS)
+        vec = [torch.where(keep, s_q, lts), torch.where(keep, 0, ute)]
+    else:
+        # masked [LTS, LTE) below and [UTS, UTE) above: UTS <= UTE <= LTS <= LTE
+        uts, ute, lts, lte = r.unbind(-1)
+        vec = [torch.where(keep, s_q, lts), lte, uts, torch.where(keep, 0, ute)]
+    return torch.stack(vec, -1).to(torch.int32).to(DEV)
+
+
+def make_qkv(b, s_q, s_k, h_q, h_k, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s_q, h_q, d, generator=g).to(DEV, dtype)
+    k = torch.randn(b, s_k, h_k, d, generator=g).to(DEV, dtype)
+    v = torch.randn(b, s_k, h_k, d, generator=g).to(DEV, dtype)
+    do = torch.randn(b, s_q, h_q, d, generator=g).to(DEV, dtype)
+    return q, k, v, do
+
+
+def _run(fn, q, k, v, do, lse_weight=None):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = fn(q, k, v)
+    loss = (out.float() * do.float()).sum()
+    if lse_weight is not None:
+        loss = loss + (torch.nan_to_num(lse, neginf=0.0) * lse_weight).sum()
+    dq, dk, dv = torch.autograd.grad(loss, (q, k, v))
+    return out, lse, dq, dk, dv
+
+
+def check_case(q, k, v, do, sri, causal, deterministic=False, lse_weight=None):
+    """Run kernel, fp64 reference and same-dtype torch; assert all five outputs within tolerance."""
+    scale = q.shape[-1] ** -0.5
+    kern = _run(lambda a, b_, c: flashmask_attention_triton(a, b_, c, sri, causal, scale, deterministic),
+                q, k, v, do, lse_weight)
+    ref = _run(lambda a, b_, c: flashmask_attention_reference(a, b_, c, sri, causal, scale, torch.float64),
+               *(t.double() for t in (q, k, v, do)), lse_weight)
+    same = _run(lambda a, b_, c: flashmask_attention_reference(a, b_, c, sri, causal, scale, None),
+                q, k, v, do, lse_weight)
+    for name, a, r, t in zip(("out", "lse", "dq", "dk", "dv"), kern, ref, same):
+        assert a.dtype == (torch.float32 if name == "lse" else q.dtype), f"{name} dtype {a.dtype}"
+        assert_close_to_ref(a, r, t, name, dtype=q.dtype)
+    return kern
+
+
+# ------------------------------------------------------------------------------------------ golden N=8
+
+# flashmask.md §1.5(b): (name, causal, vectors as [LTS, (LTE, UTS,) UTE] lists) for N = 8
+GOLDEN = [
+    ("E1 full", False, [[8] * 8, [0] * 8]),
+    ("E2 causal", True, [[8] * 8]),
+    ("E3 sliding w=2", True, [[3, 4, 5, 6, 7, 8, 8, 8]]),
+    ("E4 causal document", True, [[3, 3, 3, 6, 6, 6, 8, 8]]),
+    ("E5 document", False, [[3, 3, 3, 6, 6, 6, 8, 8], [0, 0, 0, 3, 3, 3, 6, 6]]),
+    ("E6 share question", True, [[8, 8, 8, 6, 6, 6, 8, 8]]),
+    ("E7 global+sliding", False, [[8, 3, 4, 5, 6, 7, 8, 8], [8] * 8, [0, 0, 0, 1, 1, 1, 1, 1],
+                                  [0, 0, 0, 2, 3, 4, 5, 6]]),
+    ("E8 prefix-LM causal", False, [[8] * 8, [0, 0, 0, 3, 4, 5, 6, 7]]),
+    ("E9 prefix-LM document", False, [[4, 4, 4, 4, 8, 8, 8, 8], [0, 0, 2, 3, 4, 5, 6, 7]]),
+    ("E10 causal blockwise", True, [[3, 3, 3, 6, 6, 6, 8, 8], [6, 6, 6, 6, 6, 6, 8, 8]]),
+    ("E11 QK-sparse", True, [[8, 8, 2, 3, 4, 8, 8, 8], [8, 8, 5, 5, 5, 8, 8, 8]]),
+    ("E12 random eviction", True, [[5, 8, 4, 8, 7, 8, 8, 8]]),
+    ("E13 key padding", False, [[8, 8, 8, 8, 8, 8, 0, 0], [0] * 8]),
+    ("E14 query padding tail", True, [[6] * 8]),
+    ("E15 block-causal", False, [[8] * 8, [0, 0, 0, 3, 3, 3, 6, 6]]),
+    ("E16 sink + sliding", True, [[8, 4, 5, 6, 7, 8, 8, 8]]),
+]
+# allowed rows (1 = attend) of the cases whose pictures carry extra information (E6, E7, E11, E14)
+GOLDEN_ROWS = {
+    "E6 share question": ["10000000", "11000000", "11100000", "11110000", "11111000", "11111100", "11100010",
+                          "11100011"],
+    "E7 global+sliding": ["11111111", "11100000", "11110000", "10111000", "10011100", "10001110", "10000111",
+                          "10000011"],
+    "E11 QK-sparse": ["10000000", "11000000", "11000000", "11000000", "11000000", "11111100", "11111110",
+                      "11111111"],
+    "E14 query padding tail": ["10000000", "11000000", "11100000", "11110000", "11111000", "11111100",
+                               "00000000", "00000000"],
+}
+
+
+@pytest.mark.parametrize("name,causal,vecs", GOLDEN, ids=[g[0] for g in GOLDEN])
+def test_golden_n8(name, causal, vecs):
+    sri = torch.tensor(vecs, dtype=torch.int32).T[None, None].contiguous().to(DEV)  # [1, 1, 8, C]
+    if name in GOLDEN_ROWS:
+        want = torch.tensor([[int(c) for c in row] for row in GOLDEN_ROWS[name]], dtype=torch.bool)
+        assert torch.equal(to_dense(sri.cpu(), causal)[0, 0], want)
+    q, k, v, do = make_qkv(1, 8, 8, 2, 1, 16, torch.float32, seed=len(name))
+    out, lse, dq, dk, dv = check_case(q, k, v, do, sri, causal)
+    empty = ~to_dense(sri.cpu(), causal)[0, 0].any(-1)  # rows that attend to nothing
+    assert torch.equal(torch.isneginf(lse[0, 0].cpu()), empty)
+    assert torch.all(out[0, empty.to(DEV)] == 0) and torch.all(dq[0, empty.to(DEV)] == 0)
+
+
+# ------------------------------------------------------------------------------------------ random masks
+
+MODES = [(True, None), (False, None), (True, 1), (True, 2), (False, 2), (False, 4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("s", [1, 17, 64, 100])
+@pytest.mark.parametrize("causal,c", MODES, ids=[f"{'causal' if m[0] else 'full'}-C{m[1]}" for m in MODES])
+def test_random_masks(causal, c, s, dtype):
+    """Every mode x length x dtype; batch 2 with different masks, GQA 4:2, per-head masks when C is even."""
+    d = {1: 16, 17: 32, 64: 16, 100: 64}[s]
+    h_q, h_k = (4, 2) if s != 100 else (2, 1)
+    gen = torch.Generator().manual_seed(1000 * s + (c or 0) + causal)
+    hm = h_k if (c or 0) % 2 == 0 else 1
+    sri = None if c is None else random_sri(2, hm, s, causal, c, gen=gen)
+    q, k, v, do = make_qkv(2, s, s, h_q, h_k, d, dtype, seed=s)
+    check_case(q, k, v, do, sri, causal)
+
+
+@pytest.mark.parametrize("causal,c", [(True, 1), (False, 4)])
+def test_cross_lengths_and_odd_head_dim(causal, c):
+    """S_q != S_k (non-causal) and a head dim that is not a power of two (D=24 padded to 32)."""
+    s_q, s_k = (40, 40) if causal else (24, 40)
+    gen = torch.Generator().manual_seed(7)
+    sri = random_sri(2, 1, s_k, causal, c, s_q=s_q, gen=gen)
+    q, k, v, do = make_qkv(2, s_q, s_k, 3, 1, 24, torch.float32, seed=3)
+    check_case(q, k, v, do, sri, causal)
+
+
+def test_fully_masked_rows_and_lse_gradient():
+    """Query padding tail + key padding: empty rows give 0 output, -inf LSE, zero grads; LSE gradient flows."""
+    s = 33
+    lts = torch.full((2, 1, s, 1), s, dtype=torch.int32)
+    lts[0, :, :, 0] = 20  # rows >= 20 of sample 0 see nothing
+    lts[1, :, 25:, 0] = 0  # key columns >= 25 of sample 1 are padding
+    sri = lts.to(DEV)
+    q, k, v, do = make_qkv(2, s, s, 2, 2, 16, torch.float32, seed=5)
+    w = torch.randn(2, 2, s, generator=torch.Generator().manual_seed(1)).to(DEV)
+    out, lse, dq, dk, dv = check_case(q, k, v, do, sri, True, lse_weight=w)
+    assert torch.all(out[0, 20:] == 0) and torch.all(torch.isneginf(lse[0, :, 20:]))
+    assert torch.all(dq[0, 20:] == 0) and torch.all(dk[1, 25:] == 0) and torch.all(dv[1, 25:] == 0)
+
+
+def test_mask_builders():
+    """Masks from flashmask.masks (when present): share question, document, global+sliding, prefix LM."""
+    masks = pytest.importorskip("flashmask.masks")
+    cases = [
+        masks.share_question_mask([[(5, [7, 4]), (6, [3, 5])], [(10, [9, 8])]]),
+        masks.document_mask([[11, 9, 10], [30]]),
+        masks.global_sliding_window_mask(30, 2, (3, 4), batch_size=2),
+        masks.prefix_lm_document_mask([[12, 18], [30]], [[4, 9], [7]]),
+        masks.causal_blockwise_mask([[10, 12, 8], [15, 15]]),
+    ]
+    for i, m in enumerate(cases):
+        sri = m.startend_row_indices.to(DEV)
+        s = sri.shape[2]
+        q, k, v, do = make_qkv(2, s, s, 2, 1, 32, torch.float16, seed=i)
+        check_case(q, k, v, do, sri, m.causal)
+
+
+def test_deterministic_bitwise_and_api():
+    """deterministic=True: two runs give bitwise-equal grads; the public API dispatches impl='triton'."""
+    gen = torch.Generator().manual_seed(11)
+    sri = random_sri(2, 2, 48, False, 4, gen=gen)
+    q, k, v, do = make_qkv(2, 48, 48, 4, 2, 32, torch.float16, seed=9)
+    a = check_case(q, k, v, do, sri, False, deterministic=True)
+    b = _run(lambda x, y, z: flashmask_attention_triton(x, y, z, sri, False, 32 ** -0.5, True), q, k, v, do)
+    for t1, t2 in zip(a, b):
+        assert torch.equal(t1, t2)
+    out = flashmask_attention(q, k, v, sri, causal=False, impl="triton")
+    assert torch.equal(out, a[0])
+
+
+def test_interpreter_guard_message():
+    """Without CUDA and without TRITON_INTERPRET the Triton path raises a RuntimeError that says what to do."""
+    if DEV == "cuda":
+        pytest.skip("CUDA present")
+    q, k, v, _ = make_qkv(1, 4, 4, 1, 1, 16, torch.float32)
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+            flashmask_attention_triton(q, k, v, None, True, 0.25, False)
+    finally:
+        os.environ["TRITON_INTERPRET"] = old if old is not None else "1"
