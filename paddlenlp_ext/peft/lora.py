@@ -3,9 +3,9 @@
 Behaviour matched: PaddleNLP ``paddlenlp/peft/lora`` as driven by ``llm/run_finetune.py``
 (``create_peft_model``: ``lora_alpha = 2 * lora_rank``, or 4 with ``rslora``; ``lora_dropout = 0``;
 ``get_lora_target_modules``: every linear layer of attention and MLP; ``LoRAModel`` freezes everything that is not
-a LoRA parameter; ``merge_weights`` merges on ``eval()`` and unmerges on ``train()``). LoRA itself: Hu et al.,
-"LoRA: Low-Rank Adaptation of Large Language Models" (arXiv 2106.09685); rsLoRA scaling ``alpha / sqrt(r)``:
-Kalajdzievski, arXiv 2312.03732.
+a LoRA parameter; ``LoRAConfig.merge_weights`` merges on ``eval()`` and unmerges on ``train()``, here
+``merge_on_eval``). LoRA itself: Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models"
+(arXiv 2106.09685); rsLoRA scaling ``alpha / sqrt(r)``: Kalajdzievski, arXiv 2312.03732.
 
 Differences from PaddleNLP (on purpose):
 
@@ -46,6 +46,7 @@ __all__ = [
     "merge_lora",
     "disable_lora",
     "mark_only_lora_as_trainable",
+    "lora_param_groups",
 ]
 
 # PaddleNLP ``get_lora_target_modules`` for Llama (all linear layers), plus ERNIE-3.5-SE's fused projection
@@ -79,7 +80,9 @@ class LoRAConfig:
         rslora: scaling ``lora_alpha / sqrt(r)`` instead of ``lora_alpha / r``.
         lora_dropout: dropout on the adapter input (PaddleNLP's SFT leaves it at 0.0).
         target_modules: regexes full-matched against module names; only ``nn.Linear`` modules are wrapped.
-        merge_weights: merge the adapter into the base weight on ``eval()`` and unmerge on ``train()``.
+        merge_on_eval: merge the adapter into the base weight on ``eval()`` and unmerge (exactly) on ``train()``:
+            PaddleNLP ``LoRAConfig.merge_weights``. The launcher key ``merge_weights`` means something else here
+            (merge once when saving, see :func:`merge_lora`) and is not read by :meth:`from_args`.
         adapter_dtype: dtype of ``lora_A``/``lora_B`` (fp32 by default: the optimizer state then needs no master
             copy while the frozen base stays bf16).
     """
@@ -89,7 +92,7 @@ class LoRAConfig:
     rslora: bool = False
     lora_dropout: float = 0.0
     target_modules: tuple[str, ...] | list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
-    merge_weights: bool = False
+    merge_on_eval: bool = False
     adapter_dtype: torch.dtype = torch.float32
 
     def __post_init__(self):
@@ -117,7 +120,7 @@ class LoRAConfig:
         """Build from a ``LoRAConfig``, a dict, or a launcher ``ModelArgument``.
 
         Reads ``lora_rank``, ``lora_alpha``, ``rslora``, ``lora_dropout``, ``lora_target_modules`` (str of
-        comma-separated regexes or list; None = default) and ``merge_weights``; missing attributes take defaults.
+        comma-separated regexes or list; None = default); missing attributes take defaults.
         """
         if isinstance(args, cls):
             return args
@@ -129,7 +132,6 @@ class LoRAConfig:
             rslora=bool(get("rslora", False)),
             lora_dropout=float(get("lora_dropout", 0.0) or 0.0),
             target_modules=targets,
-            merge_weights=bool(get("merge_weights", False)),
         )
 
 
@@ -155,7 +157,7 @@ class LoRALinear(nn.Linear):
         self.r = config.r
         self.lora_alpha = float(config.lora_alpha)
         self.scaling = config.scaling
-        self.merge_weights = config.merge_weights
+        self.merge_on_eval = config.merge_on_eval
         self.lora_dropout = nn.Dropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
         dev = base.weight.device
         self.lora_A = nn.Linear(self.in_features, self.r, bias=False, device=dev, dtype=config.adapter_dtype)
@@ -199,9 +201,9 @@ class LoRALinear(nn.Linear):
         self.merged = False
 
     def train(self, mode: bool = True):
-        """PaddleNLP ``merge_weights``: merge on ``eval()``, unmerge on ``train()``."""
+        """With ``merge_on_eval`` (PaddleNLP ``merge_weights``): merge on ``eval()``, unmerge on ``train()``."""
         super().train(mode)
-        if self.merge_weights:
+        if self.merge_on_eval:
             self.unmerge() if mode else self.merge()
         return self
 
@@ -250,7 +252,7 @@ def apply_lora(model: nn.Module, model_args_or_config=None) -> nn.Module:
     Args:
         model: any module (our Llama/ERNIE or a Hugging Face model). Modified in place and returned.
         model_args_or_config: a launcher ``ModelArgument`` (keys ``lora_rank``, ``lora_alpha``, ``rslora``,
-            ``lora_path``, ``lora_target_modules``, ``merge_weights``), a dict with those keys, a
+            ``lora_path``, ``lora_target_modules``), a dict with those keys, a
             :class:`LoRAConfig`, or None for the defaults. With ``lora_path`` set, the adapter there (PEFT format)
             is loaded instead, with its own ``r``/``lora_alpha``/targets (PaddleNLP ``LoRAModel.from_pretrained``).
 
@@ -267,8 +269,7 @@ def apply_lora(model: nn.Module, model_args_or_config=None) -> nn.Module:
                else lambda k, d=None: getattr(model_args_or_config, k, d))
         lora_path = get("lora_path", None)
     if lora_path:
-        cfg = LoRAConfig.from_args(model_args_or_config)
-        return load_lora(model, lora_path, merge_weights=cfg.merge_weights)
+        return load_lora(model, lora_path)
     cfg = LoRAConfig.from_args(model_args_or_config if model_args_or_config is not None else {})
     return _wrap(model, cfg)
 
@@ -380,7 +381,7 @@ def _targets_from_peft(target_modules) -> list[str]:
     return [rf"(.*\.)?{re.escape(t)}" for t in target_modules]
 
 
-def load_lora(model: nn.Module, adapter_dir: str, merge_weights: bool = False) -> nn.Module:
+def load_lora(model: nn.Module, adapter_dir: str, merge_on_eval: bool = False) -> nn.Module:
     """Load a PEFT-format LoRA adapter (ours or one saved by ``peft``) into ``model``.
 
     If the model has no LoRA layers yet, they are created from ``adapter_config.json`` (``r``, ``lora_alpha``,
@@ -401,7 +402,7 @@ def load_lora(model: nn.Module, adapter_dir: str, merge_weights: bool = False) -
     if not any(True for _ in _lora_modules(model)):
         cfg = LoRAConfig(r=int(conf["r"]), lora_alpha=float(conf["lora_alpha"]),
                          rslora=bool(conf.get("use_rslora", False)),
-                         target_modules=_targets_from_peft(conf["target_modules"]), merge_weights=merge_weights)
+                         target_modules=_targets_from_peft(conf["target_modules"]), merge_on_eval=merge_on_eval)
         _wrap(model, cfg)
     raw = load_file(wpath)
     sd = {}
@@ -458,3 +459,19 @@ def disable_lora(model: nn.Module):
             m.disabled = disabled
             if merged:
                 m.merge()
+
+
+def lora_param_groups(model: nn.Module, learning_rate: float, lora_plus_scale: float = 1.0,
+                      weight_decay: float = 0.0) -> list[dict]:
+    """Optimizer parameter groups for the trainable LoRA parameters: ``lora_A`` at ``learning_rate``, ``lora_B`` at
+    ``learning_rate * lora_plus_scale`` (LoRA+, Hayou et al., arXiv 2402.12354; PaddleNLP ``lora_plus_scale``).
+
+    Raises:
+        ValueError: the model has no trainable LoRA parameters.
+    """
+    a = [p for n, p in model.named_parameters() if p.requires_grad and ".lora_A." in n]
+    b = [p for n, p in model.named_parameters() if p.requires_grad and ".lora_B." in n]
+    if not a and not b:
+        raise ValueError("lora_param_groups: no trainable LoRA parameters (call apply_lora first)")
+    return [{"params": a, "lr": learning_rate, "weight_decay": weight_decay},
+            {"params": b, "lr": learning_rate * lora_plus_scale, "weight_decay": weight_decay}]

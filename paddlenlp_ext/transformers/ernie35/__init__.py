@@ -14,6 +14,7 @@ from .modeling import (
     Ernie35MLP,
     Ernie35MLPAttention,
     Ernie35Model,
+    SMOLLM2_VOCAB_SIZE,
     count_parameters_formula,
     from_preset_or_pretrained,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Ernie35MLP",
     "Ernie35MLPAttention",
     "Ernie35Model",
+    "SMOLLM2_VOCAB_SIZE",
     "count_parameters_formula",
     "from_preset_or_pretrained",
     "RestrictedUnpickler",

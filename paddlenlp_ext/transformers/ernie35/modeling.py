@@ -19,7 +19,6 @@ Difference from PaddleNLP: attention goes through ``flashmask.flashmask_attentio
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -27,14 +26,16 @@ from torch import nn
 
 import flashmask
 
+from ..model_utils import PretrainedMixin, to_torch_dtype
 from .configuration import ERNIE_PRETRAINED_INIT_CONFIGURATION, Ernie35Config
 from .positions import apply_rotary_pos_emb, position_seed, progressive_seq_len, resolve_position_ids, rope_cos_sin
 
 __all__ = ["Ernie35Attention", "Ernie35MLP", "Ernie35MLPAttention", "Ernie35DecoderLayer", "Ernie35Model",
-           "Ernie35ForCausalLM", "from_preset_or_pretrained", "WEIGHTS_NAME"]
+           "Ernie35ForCausalLM", "from_preset_or_pretrained", "count_parameters_formula", "SMOLLM2_VOCAB_SIZE"]
 
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+# ERNIE reuses the SmolLM2 tokenizer (ERNIE's own sentencepiece model is not available offline), so presets built
+# by from_preset_or_pretrained default to its vocabulary size instead of the preset's 32000.
+SMOLLM2_VOCAB_SIZE = 49152
 
 
 def _attention(q, k, v, cos, sin, startend):
@@ -183,7 +184,7 @@ class Ernie35Model(nn.Module):
         return self.norm(h)
 
 
-class Ernie35ForCausalLM(nn.Module):
+class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
     """ERNIE-3.5-SE causal LM: ``forward(input_ids, position_ids=None, attn_mask_startend_row_indices=None) -> logits``.
 
     ``lm_head`` is ``nn.Linear(H, V)`` with a bias iff ``use_bias and weight_share_add_bias``; its weight is the
@@ -205,10 +206,14 @@ class Ernie35ForCausalLM(nn.Module):
         self.model = Ernie35Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size,
                                  bias=bool(config.use_bias and config.weight_share_add_bias))
-        if config.weight_share:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         if not self.lm_head.weight.is_meta:
             self.init_weights()
+
+    def tie_weights(self) -> None:
+        """Share ``lm_head.weight`` with the embedding iff ``weight_share`` (= ``tie_word_embeddings``)."""
+        if self.config.weight_share:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -241,30 +246,21 @@ class Ernie35ForCausalLM(nn.Module):
                     attn_mask_startend_row_indices = attn_mask_startend_row_indices[:, :, :cut].clamp(max=cut)
         return self.lm_head(self.model(input_ids, position_ids, attn_mask_startend_row_indices))
 
-    # ---- checkpoints -------------------------------------------------------------------------------------------
-
-    def save_pretrained(self, save_directory: str) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (our names, ``[out, in]``; tied ``lm_head.weight`` omitted)."""
-        from safetensors.torch import save_file
-
-        os.makedirs(save_directory, exist_ok=True)
-        self.config.save_pretrained(save_directory)
-        sd = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        if self.config.weight_share:
-            sd.pop("lm_head.weight", None)
-        save_file(sd, os.path.join(save_directory, WEIGHTS_NAME), metadata={"format": "pt"})
+    # ---- checkpoints (save_pretrained comes from PretrainedMixin: config.json + sharded safetensors) ---------
 
     @classmethod
-    def from_config(cls, config: Ernie35Config, dtype: torch.dtype | None = None, device=None):
+    def from_config(cls, config: Ernie35Config, dtype: str | torch.dtype | None = None, device=None):
         """Randomly initialised model (PaddleNLP init), optionally cast to ``dtype`` / moved to ``device``."""
+        dtype = to_torch_dtype(dtype)
         model = cls(config)
         return model.to(device=device, dtype=dtype) if (dtype or device) else model
 
     @classmethod
-    def from_pretrained(cls, name_or_dir: str, dtype: torch.dtype | None = None, device=None, **config_overrides):
+    def from_pretrained(cls, name_or_dir: str, dtype: str | torch.dtype | None = None, device=None,
+                        **config_overrides):
         """Load a directory: ours (``model.safetensors`` [+ index]) or PaddleNLP's (``model_state.pdparams`` or
         Paddle-layout safetensors, converted by :mod:`.paddle_import`). A preset name gives a random model
-        (:func:`from_preset_or_pretrained`).
+        (:func:`from_preset_or_pretrained`). Returned in eval mode, like the Llama.
 
         Raises:
             FileNotFoundError: no config.json or no weights file in the directory.
@@ -274,12 +270,14 @@ class Ernie35ForCausalLM(nn.Module):
             return from_preset_or_pretrained(name_or_dir, dtype=dtype, device=device, **config_overrides)
         from .paddle_import import load_checkpoint_state_dict
 
+        dtype = to_torch_dtype(dtype)
         config = Ernie35Config.from_pretrained(name_or_dir, **config_overrides)
         sd = load_checkpoint_state_dict(name_or_dir, config)
         with torch.device("meta"):
             model = cls(config)
         model.load_our_state_dict(sd, source=name_or_dir)
-        return model.to(device=device, dtype=dtype) if (dtype or device) else model
+        model = model.to(device=device, dtype=dtype) if (dtype or device) else model
+        return model.eval()
 
     def load_our_state_dict(self, sd: dict[str, torch.Tensor], source: str = "state dict") -> None:
         """Assign tensors (our names, ``[out, in]``) to the parameters, checking names and shapes; re-ties weights."""
@@ -296,21 +294,23 @@ class Ernie35ForCausalLM(nn.Module):
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ValueError(f"{source}: {k} has shape {list(v.shape)}, the model expects {list(own[k].shape)}")
         self.load_state_dict(sd, strict=False, assign=True)
-        if self.config.weight_share:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
 
 
-def from_preset_or_pretrained(name: str, dtype: torch.dtype | None = None, device=None, **config_overrides):
+def from_preset_or_pretrained(name: str, dtype: str | torch.dtype | None = None, device=None, **config_overrides):
     """``Ernie35ForCausalLM`` from a preset name (random init: no ERNIE-3.5-SE weights exist in any reachable
     registry) or from a checkpoint directory.
 
     Presets: ``ernie/tiny-random-ernie`` (768 hidden, 3 layers), ``baidu/ernie-3.5-se-3b`` (3072 hidden, 32 layers).
-    ``config_overrides`` replace config fields (e.g. ``vocab_size`` to match the SmolLM2 tokenizer).
+    ``config_overrides`` replace config fields. For presets ``vocab_size`` defaults to ``SMOLLM2_VOCAB_SIZE``
+    (49152) because the SmolLM2 tokenizer stands in for ERNIE's; pass ``vocab_size=32000`` for the preset's own.
+    Random weights come from the torch default RNG (seed it for reproducibility). Presets return in train mode.
 
     Raises:
         FileNotFoundError: not a preset and not a directory with ``config.json``.
     """
     if name in ERNIE_PRETRAINED_INIT_CONFIGURATION:
+        config_overrides.setdefault("vocab_size", SMOLLM2_VOCAB_SIZE)
         config = Ernie35Config.from_pretrained(name, **config_overrides)
         return Ernie35ForCausalLM.from_config(config, dtype=dtype, device=device)
     return Ernie35ForCausalLM.from_pretrained(name, dtype=dtype, device=device, **config_overrides)
