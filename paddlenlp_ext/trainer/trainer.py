@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
@@ -118,6 +117,10 @@ class Trainer:
         """DataLoader over this rank's slice; ``skip`` micro-batches of ``epoch`` already consumed."""
         workers = int(getattr(self.args, "dataloader_num_workers", 0) or 0)
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            if workers:
+                logger.warning("dataloader_num_workers=%d ignored for an iterable dataset: the data-rank slicing "
+                               "and the resume skip need one reader", workers)
+                workers = 0
             shard = ShardedIterable(dataset, batch_size, self.dp.size, self.dp.rank, epoch, skip * batch_size)
             return DataLoader(shard, batch_size=batch_size, collate_fn=self.data_collator, num_workers=workers)
         sampler = ResumableSampler(len(dataset), self.dp.size, self.dp.rank, shuffle=shuffle,
@@ -196,6 +199,7 @@ class Trainer:
             with self._loss_context():
                 with self._autocast():
                     mb_loss, _, metrics = self.compute_loss(self.model, batch)
+                mb_loss = _local(mb_loss)  # replicated DTensor under loss_parallel -> plain tensor
                 (mb_loss * inv_total).backward()
             loss_sum += mb_loss.detach().float()
             for k, v in metrics.items():
@@ -362,24 +366,25 @@ class Trainer:
                     self.state.epoch, self.state.micro_batches_in_epoch)
 
     def save_model(self, output_dir: str | None = None) -> str:
-        """Save the final model as a Hugging Face directory (``save_pretrained``) plus tokenizer files.
+        """Save the final model as a Hugging Face directory plus the tokenizer files; returns the directory.
 
-        Distributed: gathers a full state dict (``get_model_state_dict(full_state_dict=True)``) and rank 0 writes
-        it through ``save_pretrained(dir, state_dict=...)``.
+        One process: ``model.save_pretrained``. Distributed (collective): ``paddlenlp_ext.distributed.checkpoint
+        .save_full_model`` gathers whole tensors (FSDP shards / TP DTensors) and rank 0 writes the same format.
         """
         output_dir = output_dir or self.args.output_dir
-        os.makedirs(output_dir, exist_ok=True)
-        if self.dp.size > 1 or (self.parallel_dims is not None and getattr(self.parallel_dims, "tp", 1) > 1):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from paddlenlp_ext.distributed.checkpoint import save_full_model
 
-            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            if self.dp.is_main:
-                self.model.save_pretrained(output_dir, state_dict=full)
-        elif self.dp.is_main:
+            save_full_model(self.model, output_dir)
+        else:
             self.model.save_pretrained(output_dir)
         if self.dp.is_main and self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
             self.tokenizer.save_pretrained(output_dir)
         return output_dir
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") and hasattr(t, "placements") else t
 
 
 class _Window:

@@ -1,0 +1,191 @@
+"""SFT / LoRA launcher: ``python llm/run_finetune.py config.json [--key value ...]`` (or under ``torchrun``).
+
+PyTorch counterpart of PaddleNLP ``llm/run_finetune.py``: same keys (``PdArgumentParser`` over
+GenerateArgument, ModelArgument, ReftArgument, DataArgument, SFTConfig), same rules (``finalize_sft_args``:
+``flash_mask`` forces ``zero_padding``), same flow: tokenizer and model from ``model_name_or_path``, train/dev
+packs from ``dataset_name_or_path``, train, save the model (or the LoRA adapter) to ``output_dir``.
+Like PaddleNLP, an ``output_dir`` holding ``checkpoint-<step>`` directories resumes from the latest one unless
+``overwrite_output_dir`` is true.
+
+Ours only (section ``ChatArgument``, documented in the README): ``chat_after_train`` (default true),
+``chat_prompt`` and ``chat_max_new_tokens`` print one greedy chat reply of the fine-tuned model at the end.
+With ``do_eval`` the dev loss is measured before and after training. A summary (wall time, train tokens/s,
+dev loss before/after, output directory) is printed last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from paddlenlp_ext.trainer import Trainer, finalize_sft_args, list_checkpoints, set_seed
+from paddlenlp_ext.trainer.argparser import PdArgumentParser
+from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
+                                             SFTConfig)
+from paddlenlp_ext.trainer.logging_utils import setup_logging
+
+logger = logging.getLogger("paddlenlp_ext.run_finetune")
+
+
+@dataclass
+class ChatArgument:
+    """Ours only (not in PaddleNLP): a sanity-check chat reply from the fine-tuned model after training."""
+
+    chat_after_train: bool = field(default=True, metadata={"help": "Print one greedy chat reply after training "
+                                                                     "(single process only)."})
+    chat_prompt: str = field(default="What is the capital of France?",
+                             metadata={"help": "User message for the chat reply."})
+    chat_max_new_tokens: int = field(default=48, metadata={"help": "Max new tokens of the chat reply."})
+
+
+def parse_args(argv=None):
+    """``(model_args, data_args, training_args, chat_args)`` with PaddleNLP's cross-field rules applied."""
+    parser = PdArgumentParser((GenerateArgument, ModelArgument, ReftArgument, DataArgument, SFTConfig, ChatArgument))
+    _, model_args, _, data_args, training_args, chat_args = parser.parse(argv)
+    finalize_sft_args(model_args, data_args, training_args)
+    return model_args, data_args, training_args, chat_args
+
+
+def _parallel_dims(training_args):
+    try:
+        from paddlenlp_ext.distributed import init_distributed
+    except ImportError:  # package not present in this checkout: one process
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise
+        return None
+    return init_distributed(training_args)
+
+
+def build_model(model_args, training_args):
+    """Model in fp32 (bf16 comes from autocast / FSDP mixed precision on CUDA), LoRA applied when ``lora``."""
+    from paddlenlp_ext.transformers import AutoConfig, AutoModelForCausalLM
+
+    name = model_args.model_name_or_path
+    if not name:
+        raise ValueError("model_name_or_path is required (a local HF directory or "
+                         "'HuggingFaceTB/SmolLM2-135M-Instruct')")
+    if model_args.continue_training:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, recompute=training_args.recompute)
+    else:
+        logger.warning("continue_training=False: building %s from its config with random weights", name)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name, recompute=training_args.recompute))
+    if model_args.lora:
+        try:
+            from paddlenlp_ext.peft import apply_lora
+        except ImportError as e:
+            raise ValueError("lora=true needs paddlenlp_ext.peft.apply_lora, which this checkout lacks") from e
+        model = apply_lora(model, model_args)
+        n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info("LoRA: %d trainable parameters of %d", n_train, sum(p.numel() for p in model.parameters()))
+    return model
+
+
+def _lora_plus_optimizer(model, model_args, training_args):
+    if not (model_args.lora and model_args.lora_plus_scale != 1.0):
+        return None
+    from paddlenlp_ext.peft import lora_param_groups
+
+    groups = lora_param_groups(model, training_args.learning_rate, model_args.lora_plus_scale,
+                               training_args.weight_decay)
+    return torch.optim.AdamW(groups, lr=training_args.learning_rate, eps=training_args.adam_epsilon,
+                             betas=(training_args.adam_beta1, training_args.adam_beta2))
+
+
+def _resume_target(training_args):
+    """PaddleNLP/HF rule: an explicit ``resume_from_checkpoint`` wins; else the latest checkpoint of
+    ``output_dir`` when ``do_train`` and not ``overwrite_output_dir``."""
+    if training_args.resume_from_checkpoint is not None:
+        return training_args.resume_from_checkpoint
+    if training_args.do_train and not training_args.overwrite_output_dir:
+        ckpts = list_checkpoints(training_args.output_dir)
+        if ckpts:
+            logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
+                        ckpts[-1])
+            return str(ckpts[-1])
+    return None
+
+
+def main(argv=None) -> dict:
+    """Run the SFT job; returns the summary dict it prints."""
+    start = time.perf_counter()
+    setup_logging(int(os.environ.get("RANK", "0")))
+    model_args, data_args, training_args, chat_args = parse_args(argv)
+    parallel_dims = _parallel_dims(training_args)
+    set_seed(training_args.seed)
+
+    from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator
+    from paddlenlp_ext.transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    model = build_model(model_args, training_args)
+    if parallel_dims is not None:
+        from paddlenlp_ext.distributed import parallelize_model
+
+        model = parallelize_model(model, parallel_dims, training_args)
+    datasets = create_sft_datasets(data_args, tokenizer)
+    train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
+    if training_args.do_train and train_ds is None:
+        raise ValueError(f"do_train=true but {data_args.dataset_name_or_path} has no train split "
+                         "(train.json or train/*.json)")
+    for split, ds in datasets.items():
+        if hasattr(ds, "__len__"):
+            logger.info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_length)
+    trainer = Trainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
+                      data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
+                      parallel_dims=parallel_dims)
+    trainer.optimizer = _lora_plus_optimizer(trainer.model, model_args, training_args)
+
+    summary: dict = {"output_dir": training_args.output_dir}
+    do_eval = training_args.do_eval and dev_ds is not None
+    if do_eval:
+        summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=_resume_target(training_args))
+        summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
+                       train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+        if model_args.lora:
+            _save_lora(trainer, model_args, training_args.output_dir)
+        else:
+            trainer.save_model()
+        summary["saved_to"] = os.path.abspath(training_args.output_dir)
+    if do_eval:
+        summary["dev_loss_after"] = trainer.evaluate()["eval_loss"]
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if chat_args.chat_after_train and not distributed:
+        from paddlenlp_ext.transformers.generation import chat
+
+        with torch.no_grad(), trainer._autocast():
+            reply = chat(trainer.model, tokenizer, chat_args.chat_prompt, max_new_tokens=chat_args.chat_max_new_tokens)
+        summary["chat"] = {"prompt": chat_args.chat_prompt, "reply": reply}
+        if trainer.dp.is_main:
+            print(f"\n[chat] user: {chat_args.chat_prompt}\n[chat] assistant: {reply}\n", flush=True)
+    summary["wall_time_s"] = time.perf_counter() - start
+    if trainer.dp.is_main:
+        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
+    if distributed:
+        torch.distributed.destroy_process_group()
+    return summary
+
+
+def _save_lora(trainer, model_args, output_dir):
+    """PEFT-format adapter (adapter_config.json + adapter_model.safetensors) into ``output_dir`` + tokenizer."""
+    from paddlenlp_ext.peft import save_lora
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from paddlenlp_ext.distributed.checkpoint import save_full_adapters
+
+        save_full_adapters(trainer.model, output_dir)  # gathered adapter tensors (no adapter_config.json)
+    else:
+        save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
+    if trainer.dp.is_main and trainer.tokenizer is not None:
+        trainer.tokenizer.save_pretrained(output_dir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
