@@ -399,3 +399,56 @@ def test_classify_blocks_conservative(causal, c):
 def test_classify_blocks_exact_on_documents(make):
     m = make()
     assert torch.equal(M.classify_blocks(m.startend_row_indices, m.causal, 4, 4), truth_classes(m.dense(), 4, 4))
+
+
+# ------------------------------------------------------------------ plotting
+
+def read_png(path):
+    """Decode an 8-bit RGB, filter-0 PNG (as written by flashmask.plot.write_png) to rows of (r, g, b)."""
+    import struct
+    import zlib
+
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w, h = 8, b"", 0, 0
+    while pos < len(data):
+        n = struct.unpack(">I", data[pos:pos + 4])[0]
+        tag, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        assert zlib.crc32(tag + body) & 0xFFFFFFFF == struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0]
+        if tag == b"IHDR":
+            w, h = struct.unpack(">II", body[:8])
+        elif tag == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw = zlib.decompress(idat)
+    stride = 1 + 3 * w
+    return [[tuple(raw[r * stride + 1 + 3 * c: r * stride + 4 + 3 * c]) for c in range(w)] for r in range(h)]
+
+
+def test_plot_png_backend_pixels(tmp_path):
+    from flashmask.plot import _ALLOWED_RGB, plot_mask
+
+    m = M.share_question_mask([(3, [3, 2])])
+    path = str(tmp_path / "m.png")
+    assert plot_mask(m, path=path, backend="png") == "png"
+    px = read_png(path)
+    cell = len(px) // 8
+    exp = rows_to_bool(E["E6"][2])
+    got = torch.tensor([[px[i * cell + 1][j * cell + 1] == _ALLOWED_RGB for j in range(8)] for i in range(8)])
+    assert torch.equal(got, exp)
+
+
+def test_plot_matplotlib_and_cli(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from flashmask.plot import main, plot_mask
+
+    m = M.global_sliding_window_mask(10, 2, (1, 1))
+    path = tmp_path / "g.png"
+    assert plot_mask(m.startend_row_indices, m.causal, str(path), backend="matplotlib") == "matplotlib"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+    out = tmp_path / "cli.png"
+    assert main(["causal_document", "--lengths", "3,3,2", "--out", str(out), "--text"]) == 0
+    text = capsys.readouterr().out
+    assert "LTS   : 3 3 3 6 6 6 8 8" in text and "q3 00010000" in text and out.exists()
+    with pytest.raises(ValueError, match="causal"):
+        plot_mask(m.startend_row_indices, None, str(path))
