@@ -264,3 +264,85 @@ def _layout(p: List[int], a: List[int], b: List[int], shift: int, sort_chosen) -
         rec["chosen_labels"] = [IGNORE_INDEX] * P + a + [IGNORE_INDEX] * R1
         rec["rejected_labels"] = [IGNORE_INDEX] * (P + R0) + b
     return rec
+
+
+# ------------------------------------------------------------------------------------------- datasets, collator
+REFERENCE_KEYS = ("reference_chosen_logps", "reference_rejected_logps")
+
+
+class _TokenizedPreferenceStream:
+    """Re-iterable stream of tokenized preference records from one jsonl file (re-read on every ``iter``)."""
+
+    def __init__(self, path, tokenizer, max_seq_len, max_prompt_len, layout, use_chat_template):
+        self.path, self.tokenizer, self.layout = path, tokenizer, layout
+        self.max_seq_len, self.max_prompt_len, self.use_chat_template = max_seq_len, max_prompt_len, use_chat_template
+        self.stats: dict = {}
+
+    def __iter__(self):
+        self.stats = {"examples": 0, "skipped": 0}
+        for ex in read_preference_jsonl(self.path):
+            self.stats["examples"] += 1
+            rec = tokenize_preference_example(ex, self.tokenizer, max_seq_len=self.max_seq_len,
+                                              max_prompt_len=self.max_prompt_len, layout=self.layout,
+                                              use_chat_template=self.use_chat_template)
+            if rec is None:
+                self.stats["skipped"] += 1
+                continue
+            yield rec
+
+
+def create_preference_datasets(data_args, tokenizer, layout: str = "dpo", splits=("train", "dev")) -> dict:
+    """``{split: ZeroPadding dataset of packs}`` from ``data_args.{train,dev}_dataset_path`` (PaddleNLP
+    ``run_dpo.py`` / ``run_reward.py`` data flow: every split is packed with capacity ``max_seq_len``; greedy
+    packing on train only when ``greedy_zero_padding``; ``lazy`` streams the train split).
+
+    ``data_args.chat_template`` (see ``paddlenlp_ext.datasets.builder.resolve_chat_template``): None = the
+    tokenizer's template if any, ``"none"`` = raw PaddleNLP encoding, a file = that Jinja template (set on the
+    tokenizer). A split whose path is empty/None is left out; a missing file raises FileNotFoundError.
+    """
+    from .builder import resolve_chat_template
+    from .sft import AUTO
+    from .zero_padding import ZeroPaddingIterableDataset, ZeroPaddingMapDataset
+
+    template = resolve_chat_template(getattr(data_args, "chat_template", None))
+    if template is None:
+        use_template = False
+    elif template == AUTO:
+        use_template = has_chat_template(tokenizer)
+    else:
+        tokenizer.chat_template = template
+        use_template = True
+    paths = {"train": data_args.train_dataset_path, "dev": data_args.dev_dataset_path}
+    out = {}
+    for split in splits:
+        if not paths.get(split):
+            continue
+        stream = _TokenizedPreferenceStream(paths[split], tokenizer, data_args.max_seq_len, data_args.max_prompt_len,
+                                            layout, use_template)
+        greedy = bool(data_args.greedy_zero_padding) and split == "train"
+        if getattr(data_args, "lazy", False) and split == "train":
+            out[split] = ZeroPaddingIterableDataset(stream, tokenizer, data_args.max_seq_len, greedy)
+        else:
+            out[split] = ZeroPaddingMapDataset(stream, tokenizer, data_args.max_seq_len, greedy)
+    return out
+
+
+class PreferenceCollator:
+    """``collate_fn`` for preference packs: ``paddlenlp_ext.datasets.collate.collate_packs`` (pad to
+    ``max_seq_len``; labels -100, startend 0, ``response_indexs`` -> ``[batch_row, chosen_start,
+    rejected_start, end]``) plus, when every pack holds them, ``reference_chosen_logps`` and
+    ``reference_rejected_logps`` as float32 ``[N_pairs]`` in ``response_indexs`` order."""
+
+    def __init__(self, max_seq_len: int, pad_token_id: int = 0):
+        self.max_seq_len, self.pad_token_id = max_seq_len, pad_token_id
+
+    def __call__(self, packs) -> dict:
+        import torch
+
+        from .collate import collate_packs
+
+        batch = collate_packs(packs, self.max_seq_len, self.pad_token_id)
+        if all(k in p for p in packs for k in REFERENCE_KEYS):
+            for k in REFERENCE_KEYS:
+                batch[k] = torch.tensor([v for p in packs for v in p[k]], dtype=torch.float32)  # [N_pairs]
+        return batch

@@ -1,0 +1,172 @@
+"""``DPOTrainer``: the shared ``Trainer`` loop with a DPO-family ``compute_loss`` on share-question packs.
+
+Source: PaddleNLP ``paddlenlp/trl/dpo_trainer.py`` (reference modes, ``ref_model_update_steps``, metric names)
+and ``paddlenlp/transformers/dpo_criterion.py`` (loss). Differences: see ``dpo_criterion`` (log-prob spans and
+length normalisers), plus the optional one-off precomputation of reference log-probs
+(``precompute_reference_logps``), which PaddleNLP does not have.
+
+Reference log-probs come from exactly one of (checked in this order):
+
+1. the batch (``reference_chosen_logps`` / ``reference_rejected_logps``, float32 ``[N_pairs]``), when
+   :meth:`DPOTrainer.precompute_reference_logps` stored them in the packs;
+2. nothing, when ``reference_free`` (zeros);
+3. ``ref_model``, a frozen copy of the initial policy;
+4. the policy itself with its LoRA adapters disabled (``paddlenlp_ext.peft.disable_lora``), under ``no_grad``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from paddlenlp_ext.trainer.trainer import Trainer
+from paddlenlp_ext.trl.dpo_criterion import DPOCriterion, PairLogps
+from paddlenlp_ext.trl.logprobs import pair_logps_from_hidden, pair_logps_from_logits
+
+logger = logging.getLogger(__name__)
+
+REF_KEYS = ("reference_chosen_logps", "reference_rejected_logps")
+
+
+def policy_pair_logps(model: nn.Module, batch: dict, chunk_size: int = 1024) -> PairLogps:
+    """Per-pair log-prob sums of ``model`` on a preference pack (design.md keys).
+
+    Uses ``model.model`` (hidden states ``[B, L, H]``) and ``model.lm_head.weight`` when the model exposes them
+    as a plain ``nn.Linear`` head, so only response tokens pass the LM head, in chunks; otherwise the full
+    logits of ``model(...)``.
+    """
+    kwargs = dict(position_ids=batch.get("position_ids"),
+                  attn_mask_startend_row_indices=batch.get("attn_mask_startend_row_indices"))
+    trunk, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if isinstance(trunk, nn.Module) and type(head) is nn.Linear and head.bias is None:
+        hidden = trunk(batch["input_ids"], **kwargs)  # [B, L, H]
+        return pair_logps_from_hidden(hidden, head.weight, batch, chunk_size)
+    logits = model(batch["input_ids"], **kwargs)
+    logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+    return pair_logps_from_logits(logits, batch, chunk_size)
+
+
+def _token_counts(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair token counts ``[N]`` of chosen and rejected from the labels and ``response_indexs``."""
+    ri = batch["response_indexs"]
+    pos = torch.arange(batch["chosen_labels"].shape[1], device=ri.device)
+    rows = ri[:, 0]
+    in_c = (pos[None] >= ri[:, 1:2]) & (pos[None] < ri[:, 2:3])  # [N, L]
+    in_r = (pos[None] >= ri[:, 2:3]) & (pos[None] < ri[:, 3:4])
+    has_c = batch["chosen_labels"][rows] != -100  # [N, L]
+    has_r = batch["rejected_labels"][rows] != -100
+    return (in_c & has_c).sum(-1), (in_r & has_r).sum(-1)
+
+
+class DPOTrainer(Trainer):
+    """DPO-family training on preference packs.
+
+    Args:
+        model: the policy (``LlamaForCausalLM``-like; LoRA-wrapped when ``dpo_config.lora``).
+        args: ``DPOTrainingArguments``.
+        dpo_config: ``DPOConfig`` (loss_type, beta, label_smoothing, simpo_gamma, dpop_lambda, pref_loss_ratio,
+            sft_loss_ratio, reference_free, ref_model_update_steps, lora, logprob_chunk_size).
+        ref_model: frozen reference model, or None (reference-free, LoRA-disabled policy, or precomputed).
+        other keyword arguments: as :class:`~paddlenlp_ext.trainer.trainer.Trainer`.
+
+    ``compute_loss`` returns ``(loss_sum, num_pairs, metric_sums)``; reported metrics are pair means named as
+    PaddleNLP: ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
+    ``logps/chosen``, ``logps/rejected``, ``{loss_type}_loss``, ``sft_loss`` (``eval_`` prefix in evaluation).
+
+    Raises:
+        ValueError: no reference source for a loss that needs one.
+    """
+
+    def __init__(self, model, args, *, dpo_config, ref_model=None, **kwargs):
+        super().__init__(model, args, **kwargs)
+        c = dpo_config
+        self.dpo_config = c
+        self.criterion = DPOCriterion(loss_type=c.loss_type, beta=c.beta, label_smoothing=c.label_smoothing,
+                                      simpo_gamma=c.simpo_gamma, dpop_lambda=c.dpop_lambda,
+                                      pref_loss_ratio=c.pref_loss_ratio, sft_loss_ratio=c.sft_loss_ratio,
+                                      reference_free=c.reference_free)
+        self.chunk_size = int(getattr(c, "logprob_chunk_size", 1024))
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.to(self.device).eval().requires_grad_(False)
+        self.use_lora_reference = bool(getattr(c, "lora", False)) and ref_model is None
+        self.reference_precomputed = False
+        if not (self.criterion.reference_free or ref_model is not None or self.use_lora_reference
+                or getattr(c, "precompute_reference_logps", False)):
+            raise ValueError(f"loss_type {c.loss_type!r} needs reference log-probs: pass ref_model, set lora=true "
+                             "(adapters disabled = reference), precompute_reference_logps=true, or reference_free")
+
+    # ---- reference ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reference_pair_logps(self, batch: dict) -> PairLogps | None:
+        """Reference ``PairLogps`` for ``batch`` (see the module docstring for the order of sources)."""
+        if all(k in batch for k in REF_KEYS):
+            nc, nr = _token_counts(batch)
+            return PairLogps(batch[REF_KEYS[0]].float(), batch[REF_KEYS[1]].float(), nc, nr)
+        if self.criterion.reference_free:
+            return None
+        if self.ref_model is not None:
+            return policy_pair_logps(self.ref_model, batch, self.chunk_size)
+        if self.use_lora_reference:
+            from paddlenlp_ext.peft import disable_lora
+
+            with disable_lora(self.model):
+                return policy_pair_logps(self.model, batch, self.chunk_size)
+        raise ValueError("the batch has no reference_chosen_logps/reference_rejected_logps: call "
+                         "precompute_reference_logps(dataset) on every dataset before training/evaluation, and use "
+                         "a collator that keeps them (paddlenlp_ext.datasets.preference.PreferenceCollator)")
+
+    @torch.no_grad()
+    def precompute_reference_logps(self, dataset) -> int:
+        """Store reference log-probs in every pack of a map-style ``dataset`` (keys ``REF_KEYS``, one float per
+        pair in ``response_indexs`` order), computed with the current model (adapters disabled under LoRA).
+
+        Returns the number of pairs. Call before training. Raises ValueError for a dataset without ``__getitem__``.
+        """
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise ValueError("precompute_reference_logps needs a map-style dataset of packs (lazy=false)")
+        was_training = self.model.training
+        self.model.eval()
+        n = 0
+        for i in range(len(dataset)):
+            pack = dataset[i]
+            batch = self._to_device(self.data_collator([pack]))
+            with self._autocast():
+                ref = (policy_pair_logps(self.ref_model, batch, self.chunk_size) if self.ref_model is not None
+                       else self._lora_or_policy_logps(batch))
+            pack[REF_KEYS[0]] = ref.chosen.float().cpu().tolist()
+            pack[REF_KEYS[1]] = ref.rejected.float().cpu().tolist()
+            n += len(pack[REF_KEYS[0]])
+        self.model.train(was_training)
+        self.reference_precomputed = True
+        logger.info("precomputed reference log-probs of %d pairs", n)
+        return n
+
+    def _lora_or_policy_logps(self, batch):
+        if self.use_lora_reference:
+            from paddlenlp_ext.peft import disable_lora
+
+            with disable_lora(self.model):
+                return policy_pair_logps(self.model, batch, self.chunk_size)
+        return policy_pair_logps(self.model, batch, self.chunk_size)
+
+    # ---- trainer hooks -----------------------------------------------------------------------------------------
+    def count_loss_units(self, batch: dict) -> torch.Tensor:
+        """Number of pairs in the micro-batch (rows of ``response_indexs``)."""
+        return torch.tensor(batch["response_indexs"].shape[0])
+
+    def compute_loss(self, model, batch: dict):
+        """``(loss_sum, num_pairs, metric_sums)`` of one preference micro-batch."""
+        reference = self.reference_pair_logps(batch)
+        policy = policy_pair_logps(model, batch, self.chunk_size)
+        loss_sum, metrics = self.criterion(policy, reference)
+        return loss_sum, batch["response_indexs"].shape[0], metrics
+
+    def training_step(self, micro_batches):
+        out = super().training_step(micro_batches)
+        n = int(getattr(self.dpo_config, "ref_model_update_steps", -1))
+        if n > 0 and self.ref_model is not None and (self.state.global_step + 1) % n == 0:
+            self.ref_model.load_state_dict(self.model.state_dict())  # PaddleNLP: set_state_dict every N steps
+        return out

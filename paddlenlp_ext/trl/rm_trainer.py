@@ -1,0 +1,34 @@
+"""``RewardTrainer``: Bradley-Terry reward-model training on share-question packs.
+
+Source: PaddleNLP ``llm/alignment/rm/reward_trainer.py`` and ``reward_model.py`` (``LlamaModelForScore``):
+scores read at each response's last token, loss ``-mean(log sigmoid(s_c - s_r))``, metric ``accuracy``.
+Here the loss is a pair mean over the whole optimizer step (all micro-batches and ranks), not per micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paddlenlp_ext.trainer.trainer import Trainer
+from paddlenlp_ext.trl.reward_model import bradley_terry_loss
+
+
+class RewardTrainer(Trainer):
+    """Trains a :class:`~paddlenlp_ext.trl.reward_model.LlamaForScore` on RM-layout preference packs.
+
+    ``compute_loss`` returns ``(loss_sum, num_pairs, metric_sums)`` with metrics (pair means once reported)
+    ``accuracy`` (``s_c > s_r``), ``chosen_score``, ``rejected_score``, ``margin``.
+    """
+
+    def count_loss_units(self, batch: dict) -> torch.Tensor:
+        """Number of pairs in the micro-batch (rows of ``response_indexs``)."""
+        return torch.tensor(batch["response_indexs"].shape[0])
+
+    def compute_loss(self, model, batch: dict):
+        """``(loss_sum, num_pairs, metric_sums)`` of one RM micro-batch."""
+        s_c, s_r = model.pair_scores(batch)  # [N] each, float32
+        loss = bradley_terry_loss(s_c, s_r)
+        with torch.no_grad():
+            metrics = {"accuracy": (s_c > s_r).float().sum(), "chosen_score": s_c.sum(),
+                       "rejected_score": s_r.sum(), "margin": (s_c - s_r).sum()}
+        return loss.sum(), s_c.shape[0], metrics
