@@ -264,6 +264,7 @@ class PdArgumentParser:
         # the command line wins: a key given there replaces the file's value before conversion
         items = [(k, v, False, source) for k, v in values.items() if k not in cli]
         items += [(k, v, True, "command line") for k, v in cli.items()]
+        bad_class = set()  # dataclasses with a value that did not convert: not constructed
         for key, raw, from_cli, where in items:
             owners = [i for i, fields in enumerate(self._fields) if key in fields]
             if not owners:
@@ -277,7 +278,9 @@ class PdArgumentParser:
                 try:
                     kwargs[i][key] = _convert_value(value, tp, from_cli)
                 except ValueError as e:
-                    errors.append(f"{where}: key {key!r}: {e}")
+                    if i == owners[0]:
+                        errors.append(f"{where}: key {key!r}: {e}")
+                    bad_class.add(i)
             if key not in set_keys:
                 set_keys.append(key)
 
@@ -289,12 +292,13 @@ class PdArgumentParser:
             for name in missing:
                 errors.append(f"{source}: required key {name!r} ({t.__name__}) is missing; set it in the "
                               f"JSON or pass --{name} <value>")
-            if missing or errors:
-                continue  # construct only when everything converted, so __post_init__ sees valid types
+            if missing or i in bad_class:
+                continue  # construct only with well-typed values, so __post_init__ sees valid types
             try:
                 outputs.append(t(**kwargs[i]))
             except ValueError as e:
-                errors.append(f"{t.__name__}: {e}")
+                msg = str(e)
+                errors.append(msg if msg.startswith(t.__name__) else f"{t.__name__}: {msg}")
         if errors:
             raise ValueError(f"{len(errors)} problem(s) in the arguments:\n  - " + "\n  - ".join(errors))
 

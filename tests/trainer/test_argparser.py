@@ -1,0 +1,187 @@
+"""PdArgumentParser and the argument dataclasses: JSON + CLI overrides, strict keys with suggestions, the inert
+warning, JSON errors with line/column, collected validation errors, and the four PaddleNLP flashmask configs."""
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import pytest
+
+from paddlenlp_ext.trainer.argparser import PdArgumentParser, inert, inert_fields
+from paddlenlp_ext.trainer.arguments import (
+    DataArgument,
+    ModelArgument,
+    SFTConfig,
+    TrainingArguments,
+    finalize_sft_args,
+    parse_sft_args,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "config", "llama", "flashmask")
+
+
+@dataclass
+class Toy:
+    name: str = field(default="a", metadata={"help": "a name"})
+    steps: int = field(default=1, metadata={"help": "steps"})
+    rate: float = field(default=0.5, metadata={"help": "rate"})
+    flag: bool = field(default=False, metadata={"help": "flag"})
+    tags: Optional[List[str]] = field(default=None, metadata={"help": "tags"})
+    maybe: Optional[int] = field(default=None, metadata={"help": "maybe"})
+    legacy: str = field(default="", metadata=inert("not implemented here", help="legacy"))
+    legacy2: int = field(default=0, metadata=inert("also not implemented", help="legacy2"))
+
+
+def write(tmp_path, obj, name="cfg.json"):
+    p = tmp_path / name
+    p.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return str(p)
+
+
+def test_cli_overrides_json_and_types(tmp_path):
+    cfg = write(tmp_path, {"name": "json", "steps": 3, "rate": 1, "flag": False, "tags": ["x"]})
+    (toy,) = PdArgumentParser(Toy).parse_json_file_and_cmd_lines(
+        [cfg, "--steps", "7", "--flag", "--tags", "p", "q", "--rate=2.5e-1", "--maybe", "None"])
+    assert (toy.name, toy.steps, toy.rate, toy.flag, toy.tags, toy.maybe) == ("json", 7, 0.25, True, ["p", "q"], None)
+    (toy,) = PdArgumentParser(Toy).parse_json_file_and_cmd_lines([cfg, "--flag", "false", "--tags", "a,b"])
+    assert toy.flag is False and toy.tags == ["a", "b"] and isinstance(toy.rate, float)
+    (toy,) = PdArgumentParser(Toy).parse_args_into_dataclasses(["--maybe", "4"])
+    assert toy.maybe == 4 and toy.steps == 1
+
+
+def test_unknown_key_names_key_file_and_suggestion(tmp_path):
+    cfg = write(tmp_path, {"stesp": 3, "nmae": "x"})
+    with pytest.raises(ValueError) as e:
+        PdArgumentParser(Toy).parse_json_file_and_cmd_lines([cfg, "--rat", "1"])
+    msg = str(e.value)
+    assert "3 problem(s)" in msg
+    assert f"{cfg}: unknown key 'stesp'; did you mean 'steps'" in msg
+    assert "unknown key 'nmae'; did you mean 'name'" in msg
+    assert "command line: unknown key 'rat'; did you mean 'rate'" in msg
+
+
+def test_bad_values_are_collected(tmp_path):
+    cfg = write(tmp_path, {"steps": "many", "flag": "maybe", "rate": True})
+    with pytest.raises(ValueError) as e:
+        PdArgumentParser(Toy).parse_json_file(cfg)
+    msg = str(e.value)
+    assert "key 'steps': expected an int, got 'many'" in msg
+    assert "key 'flag': expected a bool" in msg and "key 'rate': expected a float" in msg
+
+
+def test_invalid_json_reports_line_and_column(tmp_path):
+    cfg = write(tmp_path, '{\n  "steps": 3,\n  "name": "x",,\n}')
+    with pytest.raises(ValueError, match=r"cfg\.json:3:15: invalid JSON"):
+        PdArgumentParser(Toy).parse_json_file(cfg)
+    dup = write(tmp_path, '{"steps": 1, "steps": 2}', "dup.json")
+    with pytest.raises(ValueError, match="duplicate key 'steps'"):
+        PdArgumentParser(Toy).parse_json_file(dup)
+    with pytest.raises(ValueError, match="top level must be a JSON object"):
+        PdArgumentParser(Toy).parse_json_file(write(tmp_path, "[1, 2]", "list.json"))
+    with pytest.raises(ValueError, match="expected a .json config path"):
+        PdArgumentParser(Toy).parse_json_file_and_cmd_lines(["--steps", "1"])
+
+
+def test_inert_keys_warn_once_listing_all(tmp_path, caplog):
+    cfg = write(tmp_path, {"legacy": "x", "steps": 2})
+    parser = PdArgumentParser(Toy)
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer.argparser"):
+        parser.parse_json_file_and_cmd_lines([cfg, "--legacy2", "5"])
+    warnings = [r for r in caplog.records if "not acted on" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "legacy (not implemented here)" in warnings[0].getMessage()
+    assert "legacy2 (also not implemented)" in warnings[0].getMessage()
+    assert parser.inert_keys_set == [("legacy", "not implemented here"), ("legacy2", "also not implemented")]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer.argparser"):
+        parser.parse_dict({"steps": 2})
+    assert not [r for r in caplog.records if "not acted on" in r.getMessage()]
+
+
+def test_missing_required_and_post_init_errors_are_collected(tmp_path):
+    cfg = write(tmp_path, {"lr_scheduler_type": "poly", "bf16": True, "fp16": True, "src_length": 10,
+                           "max_length": 8})
+    with pytest.raises(ValueError) as e:
+        PdArgumentParser((DataArgument, TrainingArguments)).parse_json_file(cfg)
+    assert "required key 'output_dir' (TrainingArguments) is missing" in str(e.value)
+    cfg = write(tmp_path, {"output_dir": "o", "lr_scheduler_type": "poly", "bf16": True, "fp16": True,
+                           "src_length": 10, "max_length": 8, "sharding": "stage4"}, "b.json")
+    with pytest.raises(ValueError) as e:
+        PdArgumentParser((DataArgument, TrainingArguments)).parse_json_file(cfg)
+    msg = str(e.value)
+    for part in ("lr_scheduler_type must be one of", "bf16 and fp16 are both true",
+                 "src_length (10) must be smaller than max_length (8)", "sharding must be"):
+        assert part in msg
+
+
+@pytest.mark.parametrize("name", ["sft", "lora"])
+def test_paddlenlp_sft_configs_parse(name, caplog):
+    with caplog.at_level(logging.WARNING):
+        model_args, data_args, training_args = parse_sft_args([os.path.join(CONFIGS, f"{name}.json")])
+    assert model_args.flash_mask and model_args.use_flash_attention and data_args.zero_padding
+    assert data_args.max_length == 8192 and data_args.src_length == 8000 and data_args.lazy
+    assert training_args.tensor_parallel_degree == 2 and training_args.bf16 and training_args.max_steps == 12000
+    assert training_args.sharding_stage == (2 if name == "sft" else 1)
+    assert "unified_checkpoint" in caplog.text and "fp16_opt_level" in caplog.text
+    if name == "lora":
+        assert model_args.lora and training_args.learning_rate == 2e-4
+        assert model_args.lora_alpha == 16  # PaddleNLP's 2 * lora_rank
+        assert training_args.do_eval is False and training_args.save_strategy == "no"  # benchmark mode
+    else:
+        assert training_args.learning_rate == 2e-5 and training_args.tensor_parallel_output is True
+
+
+@pytest.mark.parametrize("name", ["dpo", "rm"])
+def test_preference_configs_training_keys_belong_to_training_arguments(name):
+    """Every key of dpo.json / rm.json that is not a data/model/loss key is a TrainingArguments field."""
+    with open(os.path.join(CONFIGS, f"{name}.json")) as f:
+        cfg = json.load(f)
+    data_model = {"model_name_or_path", "train_dataset_path", "dev_dataset_path", "max_seq_len", "max_prompt_len",
+                  "greedy_zero_padding", "lazy", "use_flash_attention", "flash_mask"}
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert sorted(set(cfg) - data_model - fields) == []
+
+
+@pytest.mark.parametrize("name", ["dpo", "rm"])
+def test_preference_configs_parse_with_trl_arguments(name):
+    trl_args = pytest.importorskip("paddlenlp_ext.trl.arguments")
+    parse = trl_args.parse_dpo_args if name == "dpo" else trl_args.parse_rm_args
+    out = parse([os.path.join(CONFIGS, f"{name}.json")])
+    assert any(getattr(a, "max_seq_len", None) == 8192 for a in out)
+
+
+def test_flash_mask_turns_packing_on_and_reports_it():
+    m = ModelArgument(flash_mask=True)
+    d = DataArgument(zero_padding=False)
+    t = SFTConfig(output_dir="o", max_steps=3)
+    msgs = finalize_sft_args(m, d, t)
+    assert d.zero_padding and m.use_flash_attention
+    assert any("zero_padding=True" in x and "use_flash_attention=True" in x for x in msgs)
+    m2, d2 = ModelArgument(), DataArgument(lazy=True)
+    with pytest.raises(ValueError, match="max_steps must be > 0"):
+        finalize_sft_args(m2, d2, SFTConfig(output_dir="o"))
+
+
+def test_inert_markers_are_declared_on_fields():
+    marked = inert_fields([ModelArgument, DataArgument, SFTConfig])
+    for key in ("fp16_opt_level", "unified_checkpoint", "pipeline_parallel_config", "pipeline_parallel_degree",
+                "eval_accumulation_steps", "load_best_model_at_end", "metric_for_best_model",
+                "eval_with_do_generation", "autotuner_benchmark", "benchmark"):
+        assert key in marked, key
+    for key in ("zero_padding", "flash_mask", "learning_rate", "lora", "lazy", "max_length"):
+        assert key not in marked, key
+
+
+def test_sft_defaults_match_paddlenlp():
+    t = SFTConfig(output_dir="o")
+    assert (t.learning_rate, t.tensor_parallel_output, t.unified_checkpoint, t.per_device_train_batch_size,
+            t.logging_steps, t.save_steps, t.lr_scheduler_type, t.seed, t.eval_steps) == \
+        (2e-5, False, False, 8, 500, 500, "linear", 42, 500)
+    d, m = DataArgument(), ModelArgument()
+    assert (d.src_length, d.max_length, d.zero_padding, d.greedy_zero_padding, d.lazy) == (1024, 2048, False, False, False)
+    assert (m.lora_rank, m.lora_alpha, m.continue_training, m.flash_mask) == (8, -1, True, False)
+    assert ModelArgument(lora_rank=4).effective_lora_alpha() == 8 and ModelArgument(rslora=True).effective_lora_alpha() == 4
