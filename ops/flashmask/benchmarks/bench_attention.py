@@ -1,0 +1,274 @@
+"""Kernel benchmark: Triton FlashMask vs FlexAttention (Triton backend) vs SDPA, on one CUDA GPU.
+
+Times (median ms, ``triton.testing.do_bench``) the forward and forward+backward of
+- ours: ``flashmask.triton_flashmask.flashmask_attention_triton`` (mask preprocessing included in the time);
+- flex: ``torch.compile(flex_attention)`` with a BlockMask from ``torch.compile(create_block_mask)`` over a
+  mask_mod that reads the same FlashMask vectors (exact same mask; build time reported separately);
+- sdpa-cudnn / sdpa-flash: ``F.scaled_dot_product_attention`` on causal / full only;
+- sdpa-dense: SDPA with a dense bool mask ``[B, 1, S, S]`` (only at the smallest S, where it fits comfortably).
+Outputs of flex (and SDPA where run) are compared with ours before timing. TFLOP/s count only the allowed
+(unmasked) score elements: fwd 4*D*allowed*H, fwd+bwd 3.5x that (bwd = 2.5 x fwd), flashmask.md §3.7.
+
+Usage: ``python -m flashmask.benchmarks.bench_attention [--seqs 8192,16384,32768] [--tokens 32768]
+[--masks causal,document,...] [--out results.jsonl]``. Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from flashmask import masks as M
+from flashmask.dense import expand_startend
+from flashmask.triton_flashmask import flashmask_attention_triton
+
+MASKS = ["causal", "full", "causal_document", "share_question", "sliding_window_1024", "prefix_lm_causal",
+         "document", "global_sliding", "causal_blockwise", "qk_sparse", "random_eviction"]
+
+
+def doc_lengths(s: int, b: int, seed: int) -> list[list[int]]:
+    """Per sample 3..7 (scaled by S/8K, capped at 15) documents of random length summing to S."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(b):
+        n = int(torch.randint(3, 8, (1,), generator=g)) * max(1, min(2, s // 8192))
+        cuts = torch.sort(torch.randperm(s // 64 - 1, generator=g)[: n - 1] + 1).values * 64
+        edges = [0] + cuts.tolist() + [s]
+        rows.append([edges[i + 1] - edges[i] for i in range(n)])
+    return rows
+
+
+def build_mask(name: str, s: int, b: int):
+    """(startend_row_indices or None, causal) for a benchmark mask at sequence length s, batch b."""
+    docs = doc_lengths(s, b, seed=s + b)
+    if name == "causal":
+        return None, True
+    if name == "full":
+        return None, False
+    if name == "causal_document":
+        m = M.causal_document_mask(docs)
+    elif name == "document":
+        m = M.document_mask(docs)
+    elif name == "share_question":
+        rows = []
+        for r, lens in enumerate(docs):
+            row = []
+            for i, L in enumerate(lens):  # prompt = 40 %, then 2..4 answers
+                k = 2 + (r + i) % 3
+                p = int(L * 0.4)
+                a = [(L - p) // k] * k
+                a[-1] += L - p - sum(a)
+                row.append((p, a))
+            rows.append(row)
+        m = M.share_question_mask(rows, seq_len=s)
+    elif name == "sliding_window_1024":
+        m = M.sliding_window_mask(s, 1024, batch_size=b)
+    elif name == "prefix_lm_causal":
+        m = M.prefix_lm_causal_mask(s, s // 2, batch_size=b)
+    elif name == "global_sliding":
+        m = M.global_sliding_window_mask(s, 64, (512, 512), batch_size=b)
+    elif name == "causal_blockwise":
+        m = M.causal_blockwise_mask(docs)
+    elif name == "qk_sparse":
+        m = M.qk_sparse_mask(s, [(s // 8, s // 4), (s // 2, s // 2 + s // 8)], batch_size=b)
+    elif name == "random_eviction":
+        m = M.random_eviction_mask(s, 0.5, num_heads=1, batch_size=b, seed=1)
+    else:
+        raise ValueError(f"unknown mask {name!r}; choose from {MASKS}")
+    return m.startend_row_indices.cuda(), m.causal
+
+
+def allowed_count(sri, causal: bool, b: int, s: int) -> int:
+    """Exact number of allowed (query, key) pairs summed over the batch (per head)."""
+    if sri is None:
+        return b * (s * (s + 1) // 2 if causal else s * s)
+    lts, lte, uts, ute = (t.long() for t in expand_startend(sri, causal, s))
+    l1 = (lte - lts).clamp(min=0)
+    l2 = (ute - uts).clamp(min=0)
+    ov = (torch.minimum(lte, ute) - torch.maximum(lts, uts)).clamp(min=0)
+    masked = l1 + l2 - torch.where((l1 > 0) & (l2 > 0), ov, torch.zeros_like(ov))
+    return int((s - masked).sum()) // sri.shape[1]  # per head
+
+
+class FlexMask:
+    """FlexAttention mask_mod over FlashMask vectors held in fixed buffers (refilled per mask: no recompile)."""
+
+    def __init__(self, b: int, s: int):
+        self.b, self.s = b, s
+        # four flat 1-D buffers: 2-D indexing inside mask_mod is slower (torchtitan PR #2171)
+        self.vec = [torch.zeros(b * s, dtype=torch.int32, device="cuda") for _ in range(4)]
+        lts, lte, uts, ute = self.vec
+        seq = s
+
+        def mask_mod(bi, hi, qi, ki):
+            idx = bi * seq + ki
+            m1 = (qi >= lts[idx]) & (qi < lte[idx])
+            m2 = (qi >= uts[idx]) & (qi < ute[idx])
+            return ~(m1 | m2)
+
+        self.mask_mod = mask_mod
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        self.create = torch.compile(create_block_mask)
+
+    def block_mask(self, sri, causal: bool):
+        b, s = self.b, self.s
+        if sri is None:
+            j = torch.arange(s, device="cuda")
+            full = torch.full((b, s), s, device="cuda")
+            zero = torch.zeros((b, s), device="cuda", dtype=torch.long)
+            vecs = (full, full, zero, j.expand(b, s) if causal else zero)
+        else:
+            vecs = tuple(t[:, 0] for t in expand_startend(sri, causal, s))
+        for i, t in enumerate(vecs):
+            self.vec[i].copy_(t.reshape(-1).to(torch.int32))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        bm = self.create(self.mask_mod, b, None, s, s, device="cuda")
+        torch.cuda.synchronize()
+        return bm, (time.perf_counter() - t0) * 1e3
+
+
+def bench(fn, grads=None) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median")
+
+
+def run(args) -> list[dict]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    h, d, dt = args.heads, args.head_dim, torch.bfloat16
+    scale = d ** -0.5
+    results = []
+    for s in args.seqs:
+        b = max(1, args.tokens // s)
+        g = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v, do = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=dt) for _ in range(4))
+        qt, kt, vt, dot = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))  # [B, H, S, D] for baselines
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        leaves_t = [t.clone().requires_grad_(True) for t in (qt, kt, vt)]
+        fm = FlexMask(b, s)
+        for name in args.masks:
+            sri, causal = build_mask(name, s, b)
+            n_allowed = allowed_count(sri, causal, b, s)
+            fl = 4.0 * d * h * n_allowed
+            row = dict(mask=name, S=s, B=b, H=h, D=d, density=n_allowed / (b * s * s))
+
+            def ours_f():
+                return flashmask_attention_triton(q, k, v, sri, causal, scale, False)[0]
+
+            def ours_fb():
+                o = flashmask_attention_triton(*leaves, sri, causal, scale, False)[0]
+                o.backward(do)
+
+            ref = ours_f()
+            row["ours_fwd_ms"] = bench(ours_f)
+            row["ours_fb_ms"] = bench(ours_fb, leaves)
+
+            bm, row["flex_build_ms_first"] = fm.block_mask(sri, causal)
+            bm, row["flex_build_ms"] = fm.block_mask(sri, causal)
+            if name == "full":
+                bm = None
+            fo = flex(qt, kt, vt, block_mask=bm, scale=scale)
+            row["flex_vs_ours_maxdiff"] = float((fo.transpose(1, 2).float() - ref.float()).abs().max())
+            row["flex_fwd_ms"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, scale=scale))
+
+            def flex_fb():
+                flex(*leaves_t, block_mask=bm, scale=scale).backward(dot)
+
+            row["flex_fb_ms"] = bench(flex_fb, leaves_t)
+
+            if sri is None:
+                for tag, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        with sdpa_kernel(be):
+                            so = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+                            row[f"sdpa_{tag}_vs_ours_maxdiff"] = float(
+                                (so.transpose(1, 2).float() - ref.float()).abs().max())
+                            row[f"sdpa_{tag}_fwd_ms"] = bench(
+                                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale))
+
+                            def sd_fb():
+                                F.scaled_dot_product_attention(*leaves_t, is_causal=causal, scale=scale).backward(dot)
+
+                            row[f"sdpa_{tag}_fb_ms"] = bench(sd_fb, leaves_t)
+                    except RuntimeError as e:  # backend not available for this shape/build
+                        row[f"sdpa_{tag}_error"] = str(e).splitlines()[0][:120]
+            if s <= args.dense_max_s:
+                from flashmask.dense import to_dense
+
+                dense = to_dense(sri, causal, seq_q=s, seq_k=s).cuda()  # [B|1, 1, S, S] bool
+                so = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense, scale=scale)
+                live = dense.any(-1)[:, 0]  # [B|1, S]: empty rows give NaN in SDPA, 0 in ours
+                diff = (so.transpose(1, 2).float() - ref.float()).abs()
+                row["sdpa_dense_vs_ours_maxdiff"] = float(diff[live.expand(b, s)].max())
+                row["sdpa_dense_fwd_ms"] = bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense,
+                                                                                        scale=scale))
+
+                def dn_fb():
+                    F.scaled_dot_product_attention(*leaves_t, attn_mask=dense, scale=scale).backward(dot)
+
+                row["sdpa_dense_fb_ms"] = bench(dn_fb, leaves_t)
+                del dense
+            for key in list(row):
+                if key.endswith("_fwd_ms"):
+                    row[key.replace("_ms", "_tflops")] = fl / row[key] * 1e-9
+                elif key.endswith("_fb_ms"):
+                    row[key.replace("_ms", "_tflops")] = 3.5 * fl / row[key] * 1e-9
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return results
+
+
+def table(results: list[dict]) -> str:
+    """Markdown table: ms and TFLOP/s of ours vs flex (and SDPA) per mask and S."""
+    lines = ["| mask | S | B | density | ours fwd ms (TF/s) | flex fwd ms (TF/s) | ours fwd+bwd ms (TF/s) | "
+             "flex fwd+bwd ms (TF/s) | fwd speedup | fwd+bwd speedup | flex build ms | other |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        other = []
+        for tag in ("cudnn", "flash", "dense"):
+            if f"sdpa_{tag}_fwd_ms" in r:
+                other.append(f"sdpa-{tag} {r[f'sdpa_{tag}_fwd_ms']:.2f}/{r[f'sdpa_{tag}_fb_ms']:.2f}")
+        lines.append(
+            f"| {r['mask']} | {r['S']} | {r['B']} | {r['density']:.3f} | {r['ours_fwd_ms']:.2f} "
+            f"({r['ours_fwd_tflops']:.0f}) | {r['flex_fwd_ms']:.2f} ({r['flex_fwd_tflops']:.0f}) | "
+            f"{r['ours_fb_ms']:.2f} ({r['ours_fb_tflops']:.0f}) | {r['flex_fb_ms']:.2f} ({r['flex_fb_tflops']:.0f}) | "
+            f"{r['flex_fwd_ms'] / r['ours_fwd_ms']:.2f}x | {r['flex_fb_ms'] / r['ours_fb_ms']:.2f}x | "
+            f"{r['flex_build_ms']:.2f} | {'; '.join(other)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seqs", default="8192,16384,32768")
+    p.add_argument("--tokens", type=int, default=32768, help="B * S")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--masks", default=",".join(MASKS))
+    p.add_argument("--dense-max-s", type=int, default=8192, help="largest S for the SDPA dense-mask baseline")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+    args = p.parse_args(argv)
+    args.seqs = [int(x) for x in args.seqs.split(",")]
+    args.masks = args.masks.split(",")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_attention needs a CUDA GPU")
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
+          f"triton {__import__('triton').__version__} bf16 H={args.heads} D={args.head_dim}", flush=True)
+    res = run(args)
+    print(table(res))
+
+
+if __name__ == "__main__":
+    main()
