@@ -265,7 +265,9 @@ class Trainer:
         metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
         stream = self._micro_batch_stream()
         window = _Window(self.device)
-        start, total_tokens, total_loss, total_count = time.perf_counter(), 0, 0.0, 0.0
+        window.t0 = time.perf_counter()
+        per_epoch = self.micro_batches_per_epoch()
+        total_tokens, total_loss, total_count, train_time = 0, 0.0, 0.0, 0.0
         self.model.train()
         while self.state.global_step < max_steps:
             epoch_before = self.state.epoch
@@ -278,9 +280,9 @@ class Trainer:
             if step % max(int(args.logging_steps), 1) == 0 or step == max_steps:
                 logs = window.pop(self, time.perf_counter())
                 logs["lr"] = self.lr_scheduler.get_last_lr()[0]
-                logs["epoch"] = self.state.epoch
+                logs["epoch"] = self.state.epoch + (self.state.micro_batches_in_epoch / per_epoch if per_epoch else 0.0)
                 total_loss, total_count = total_loss + logs.pop("_loss_sum"), total_count + logs.pop("_count")
-                total_tokens += logs.pop("_tokens")
+                total_tokens, train_time = total_tokens + logs.pop("_tokens"), train_time + logs.pop("_elapsed")
                 self.state.log_history.append({"step": step, **logs})
                 metrics_logger.log(logs, step)
             epoch_done = self.state.epoch != epoch_before or step == max_steps
@@ -292,10 +294,10 @@ class Trainer:
                 self.save_checkpoint()
                 window.t0 = time.perf_counter()
         metrics_logger.close()
-        runtime = time.perf_counter() - start
-        result = {"global_step": self.state.global_step, "train_runtime": runtime,
+        # train_runtime: time inside optimizer steps (eval and checkpoint writes excluded)
+        result = {"global_step": self.state.global_step, "train_runtime": train_time,
                   "train_loss": total_loss / max(total_count, 1.0),
-                  "tokens_per_sec": total_tokens * self.dp.size / max(runtime, 1e-9)}
+                  "tokens_per_sec": total_tokens * self.dp.size / max(train_time, 1e-9)}
         logger.info("training done: %s", json.dumps(result))
         return result
 
@@ -412,5 +414,5 @@ class _Window:
         elapsed = max(now - self.t0, 1e-9)
         logs["tokens_per_sec"] = tokens * trainer.dp.size / elapsed  # all data ranks, non-pad tokens
         self.t0 = now
-        logs.update({"_loss_sum": values[0], "_count": count, "_tokens": tokens})
+        logs.update({"_loss_sum": values[0], "_count": count, "_tokens": tokens, "_elapsed": elapsed})
         return logs
