@@ -101,7 +101,12 @@ def run_scenario(sc: dict, world_size: int) -> dict:
                         tensor_parallel_output=lay.get("tensor_parallel_output", False))
     if world_size > 1:
         dims.build_mesh()
-    model = build_model(sc.get("tied", False), sc.get("model", "llama"))
+    if sc.get("from_pretrained"):
+        from paddlenlp_ext.transformers.llama import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(sc["from_pretrained"])
+    else:
+        model = build_model(sc.get("tied", False), sc.get("model", "llama"))
     if sc.get("lora"):
         from paddlenlp_ext.peft.lora import LoRAConfig, apply_lora
 
@@ -116,30 +121,48 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     losses, norms = [], []
     for step in range(start, sc["end"]):
         batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(step).items()}
-        with loss_parallel_context(dims):
-            logits = model(batch["input_ids"], position_ids=batch["position_ids"],
-                           attn_mask_startend_row_indices=batch["attn_mask_startend_row_indices"])
-            loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
-                                       ignore_index=-100, reduction="sum")
-            loss_sum = to_local_loss(loss_sum)
-            count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
-            (loss_sum / count).backward()
-        losses.append(float(all_reduce_sum_dp(loss_sum.detach(), dims) / count))
+        # Token count of the whole step (all micro-batches, all data-parallel ranks; never TP ranks).
+        count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
+        n_micro = sc.get("micro", 1)
+        step_sum = torch.zeros(())
+        for m in range(n_micro):
+            mb = {k: v.chunk(n_micro)[m] for k, v in batch.items()}
+            with loss_parallel_context(dims):
+                logits = model(mb["input_ids"], position_ids=mb["position_ids"],
+                               attn_mask_startend_row_indices=mb["attn_mask_startend_row_indices"])
+                loss_sum = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten(),
+                                           ignore_index=-100, reduction="sum")
+                loss_sum = to_local_loss(loss_sum)
+                (loss_sum / count).backward()
+            step_sum += loss_sum.detach()
+        losses.append(float(all_reduce_sum_dp(step_sum, dims) / count))
         norms.append(grad_norm(model))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         if sc.get("save_at") == step + 1:
             save_train_state(sc["save"], model, opt, sched, {"global_step": step + 1})
+    if sc.get("eval_after"):  # loss on the next global batch, without a step (checks exported weights)
+        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(sc["end"]).items()}
+        with torch.no_grad(), loss_parallel_context(dims):
+            logits = model(batch["input_ids"], position_ids=batch["position_ids"],
+                           attn_mask_startend_row_indices=batch["attn_mask_startend_row_indices"])
+            loss_sum = to_local_loss(F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
+                                                     ignore_index=-100, reduction="sum"))
+        count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
+        eval_loss = float(all_reduce_sum_dp(loss_sum, dims) / count)
     if sc.get("export"):
         from paddlenlp_ext.distributed.checkpoint import save_full_model
 
-        save_full_model(model, sc["export"])
+        save_full_model(model, sc["export"], max_shard_bytes=sc.get("export_max_shard_bytes"))
     if sc.get("adapters"):
         from paddlenlp_ext.distributed.checkpoint import save_full_adapters
 
         save_full_adapters(model, sc["adapters"])
-    return {"losses": losses, "grad_norms": norms}
+    out = {"losses": losses, "grad_norms": norms}
+    if sc.get("eval_after"):
+        out["eval_loss"] = eval_loss
+    return out
 
 
 def main(spec_path: str, out_path: str) -> None:
