@@ -336,3 +336,74 @@ def test_preset_random_init_resolves():
     assert m.config.vocab_size == 49152 and len(m.model.layers) == 3
     with pytest.raises(FileNotFoundError):
         from_preset_or_pretrained("ernie/not-a-preset")
+
+
+# ---- launchers and configs -------------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ERNIE_CONFIGS = os.path.join(ROOT, "config", "ernie35se")
+
+
+def _run_finetune_module():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", ["sft.json", "lora.json"])
+def test_ernie_sft_configs_parse_and_resolve_the_preset(name):
+    model_args, data_args, training_args, _ = _run_finetune_module().parse_args([os.path.join(ERNIE_CONFIGS, name)])
+    assert model_args.model_name_or_path == "ernie/tiny-random-ernie" and data_args.zero_padding
+    assert model_args.flash_mask and model_args.lora == (name == "lora.json")
+    with torch.device("meta"):  # what the launcher gets for this name: the preset, random init, SmolLM2 vocab
+        m = from_preset_or_pretrained(model_args.model_name_or_path)
+    assert m.config.hidden_size == 768 and len(m.model.layers) == 3 and m.config.vocab_size == 49152
+
+
+def test_ernie_dpo_config_parses():
+    from paddlenlp_ext.trl.arguments import parse_dpo_args
+
+    model_args, data_args, training_args, dpo_config = parse_dpo_args([os.path.join(ERNIE_CONFIGS, "dpo.json")])
+    assert model_args.model_name_or_path == "ernie/tiny-random-ernie" and dpo_config.lora
+    assert model_args.flash_mask and data_args.max_seq_len == 256
+
+
+def test_lora_launcher_on_tiny_ernie_packs(tmp_path):
+    """llm/run_finetune.py with config/ernie35se/lora.json on a tiny random ERNIE directory: FlashMask packs,
+    LoRA adapter saved in PEFT format and reloadable onto the base ERNIE."""
+    import json
+    import shutil
+
+    from paddlenlp_ext.peft import load_lora
+    from paddlenlp_ext.transformers import resolve_model_name_or_path
+    from paddlenlp_ext.transformers.ernie35 import preset_config
+
+    tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer only
+    torch.manual_seed(0)
+    cfg = preset_config("ernie/tiny-random-ernie", hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                        max_position_embeddings=512)
+    Ernie35ForCausalLM(cfg).save_pretrained(str(tmp_path / "model"))
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.exists(os.path.join(tok_dir, f)):
+            shutil.copy(os.path.join(tok_dir, f), tmp_path / "model")
+    (tmp_path / "data").mkdir()
+    rows = [{"src": f"Question {i}?", "tgt": f"Answer number {i}."} for i in range(12)]
+    (tmp_path / "data" / "train.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "data" / "dev.json").write_text("\n".join(json.dumps(r) for r in rows[:3]) + "\n")
+    out = tmp_path / "out"
+    summary = _run_finetune_module().main([
+        os.path.join(ERNIE_CONFIGS, "lora.json"), "--model_name_or_path", str(tmp_path / "model"),
+        "--tokenizer_name_or_path", str(tmp_path / "model"), "--dataset_name_or_path", str(tmp_path / "data"),
+        "--output_dir", str(out), "--max_steps", "2", "--max_length", "128", "--src_length", "64",
+        "--chat_after_train", "false"])
+    assert summary["global_step"] == 2
+    conf = json.loads((out / "adapter_config.json").read_text())
+    assert "qkv_gate_up_proj" in conf["target_modules"] and conf["lora_alpha"] == 16
+    base = Ernie35ForCausalLM.from_pretrained(str(tmp_path / "model"))
+    tuned = load_lora(base, str(out))
+    assert any(m.lora_B.weight.abs().sum() > 0 for m in tuned.modules() if hasattr(m, "lora_B"))

@@ -17,6 +17,8 @@ from .modeling import (
     SMOLLM2_VOCAB_SIZE,
     count_parameters_formula,
     from_preset_or_pretrained,
+    is_preset,
+    preset_config,
 )
 from .paddle_import import RestrictedUnpickler, UnsafePickleError, load_pdparams, save_paddle_checkpoint
 
@@ -32,6 +34,8 @@ __all__ = [
     "SMOLLM2_VOCAB_SIZE",
     "count_parameters_formula",
     "from_preset_or_pretrained",
+    "is_preset",
+    "preset_config",
     "RestrictedUnpickler",
     "UnsafePickleError",
     "load_pdparams",

@@ -22,6 +22,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 import flashmask
@@ -31,7 +32,8 @@ from .configuration import ERNIE_PRETRAINED_INIT_CONFIGURATION, Ernie35Config
 from .positions import apply_rotary_pos_emb, position_seed, progressive_seq_len, resolve_position_ids, rope_cos_sin
 
 __all__ = ["Ernie35Attention", "Ernie35MLP", "Ernie35MLPAttention", "Ernie35DecoderLayer", "Ernie35Model",
-           "Ernie35ForCausalLM", "from_preset_or_pretrained", "count_parameters_formula", "SMOLLM2_VOCAB_SIZE"]
+           "Ernie35ForCausalLM", "from_preset_or_pretrained", "count_parameters_formula", "SMOLLM2_VOCAB_SIZE",
+           "is_preset", "preset_config"]
 
 # ERNIE reuses the SmolLM2 tokenizer (ERNIE's own sentencepiece model is not available offline), so presets built
 # by from_preset_or_pretrained default to its vocabulary size instead of the preset's 32000.
@@ -179,8 +181,14 @@ class Ernie35Model(nn.Module):
                                    seed=position_seed(self.global_step, self.replica_rank), device=input_ids.device)
         cos, sin = rope_cos_sin(pos, cfg.head_dim)  # computed once, shared by all layers (as in PaddleNLP)
         h = self.embed_tokens(input_ids)
+        # recompute: our launcher's key; use_recompute: PaddleNLP's config key (full-layer recompute either way)
+        checkpoint = bool(getattr(cfg, "recompute", False) or cfg.use_recompute) and torch.is_grad_enabled()
         for layer in self.layers:
-            h = layer(h, cos, sin, attn_mask_startend_row_indices)
+            if checkpoint:
+                h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, attn_mask_startend_row_indices,
+                                                      use_reentrant=False)
+            else:
+                h = layer(h, cos, sin, attn_mask_startend_row_indices)
         return self.norm(h)
 
 
@@ -297,6 +305,17 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
         self.tie_weights()
 
 
+def is_preset(name) -> bool:
+    """True for the PaddleNLP preset names ``ernie/tiny-random-ernie`` and ``baidu/ernie-3.5-se-3b``."""
+    return isinstance(name, str) and name in ERNIE_PRETRAINED_INIT_CONFIGURATION
+
+
+def preset_config(name: str, **config_overrides) -> Ernie35Config:
+    """The preset's config with ``vocab_size`` defaulting to ``SMOLLM2_VOCAB_SIZE`` (the stand-in tokenizer's)."""
+    config_overrides.setdefault("vocab_size", SMOLLM2_VOCAB_SIZE)
+    return Ernie35Config.from_pretrained(name, **config_overrides)
+
+
 def from_preset_or_pretrained(name: str, dtype: str | torch.dtype | None = None, device=None, **config_overrides):
     """``Ernie35ForCausalLM`` from a preset name (random init: no ERNIE-3.5-SE weights exist in any reachable
     registry) or from a checkpoint directory.
@@ -310,9 +329,7 @@ def from_preset_or_pretrained(name: str, dtype: str | torch.dtype | None = None,
         FileNotFoundError: not a preset and not a directory with ``config.json``.
     """
     if name in ERNIE_PRETRAINED_INIT_CONFIGURATION:
-        config_overrides.setdefault("vocab_size", SMOLLM2_VOCAB_SIZE)
-        config = Ernie35Config.from_pretrained(name, **config_overrides)
-        return Ernie35ForCausalLM.from_config(config, dtype=dtype, device=device)
+        return Ernie35ForCausalLM.from_config(preset_config(name, **config_overrides), dtype=dtype, device=device)
     return Ernie35ForCausalLM.from_pretrained(name, dtype=dtype, device=device, **config_overrides)
 
 
