@@ -100,6 +100,9 @@ def _rounds_chat(messages: List[dict], tokenizer, template: str, context: dict,
             raise ValueError(f"the chat template is not prefix-stable at turn {i} (rendering fewer messages does "
                              f"not give a prefix of the full chat); set chat_template to 'none' or fix the template")
         spans.append((len(head), len(upto)))
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"the chat-template path needs a fast tokenizer (character offsets), got "
+                         f"{type(tokenizer).__name__}; load it with use_fast=True or set chat_template to 'none'")
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
     special = _special_ids(tokenizer)

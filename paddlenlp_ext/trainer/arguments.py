@@ -66,7 +66,7 @@ class TrainingArguments:
     eval_steps: Optional[int] = field(default=None, metadata=_help("Evaluate every N steps; None = logging_steps."))
     save_strategy: str = field(default="steps", metadata=_help("When to save: no | steps | epoch."))
     save_steps: int = field(default=500, metadata=_help("Save a checkpoint every N optimizer steps."))
-    save_total_limit: Optional[int] = field(default=None, metadata=_help("Keep at most N checkpoints (oldest deleted)."))
+    save_total_limit: Optional[int] = field(default=None, metadata=_help("Keep at most N checkpoints (oldest go)."))
     logging_steps: int = field(default=500, metadata=_help("Log every N optimizer steps."))
     logging_dir: Optional[str] = field(default=None, metadata=_help("TensorBoard dir; None = <output_dir>/runs."))
     report_to: Optional[List[str]] = field(default=None, metadata=_help(
@@ -194,7 +194,8 @@ class TrainingArguments:
         e.check(self.lr_scheduler_type in _SCHEDULERS,
                 f"lr_scheduler_type must be one of {_SCHEDULERS}, got {self.lr_scheduler_type!r}")
         for key in ("evaluation_strategy", "save_strategy"):
-            e.check(getattr(self, key) in _STRATEGIES, f"{key} must be one of {_STRATEGIES}, got {getattr(self, key)!r}")
+            value = getattr(self, key)
+            e.check(value in _STRATEGIES, f"{key} must be one of {_STRATEGIES}, got {value!r}")
         for key in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                     "logging_steps", "save_steps"):
             e.check(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
@@ -205,7 +206,8 @@ class TrainingArguments:
         e.check(self.max_steps > 0 or self.num_train_epochs > 0,
                 f"num_train_epochs must be > 0 when max_steps <= 0, got {self.num_train_epochs}")
         e.check(not (self.bf16 and self.fp16), "bf16 and fp16 are both true; choose one")
-        e.check(self.fp16_opt_level in ("O0", "O1", "O2"), f"fp16_opt_level must be O0|O1|O2, got {self.fp16_opt_level!r}")
+        e.check(self.fp16_opt_level in ("O0", "O1", "O2"),
+                f"fp16_opt_level must be O0|O1|O2, got {self.fp16_opt_level!r}")
         # run_finetune.py step 1: O2 means half-precision weights, which needs a half dtype
         e.check(not (self.fp16_opt_level == "O2" and not (self.bf16 or self.fp16)),
                 "fp16_opt_level 'O2' needs bf16 or fp16 set to true (or use O1)")

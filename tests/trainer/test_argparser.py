@@ -182,6 +182,8 @@ def test_sft_defaults_match_paddlenlp():
             t.logging_steps, t.save_steps, t.lr_scheduler_type, t.seed, t.eval_steps) == \
         (2e-5, False, False, 8, 500, 500, "linear", 42, 500)
     d, m = DataArgument(), ModelArgument()
-    assert (d.src_length, d.max_length, d.zero_padding, d.greedy_zero_padding, d.lazy) == (1024, 2048, False, False, False)
+    assert (d.src_length, d.max_length, d.zero_padding, d.greedy_zero_padding, d.lazy) == \
+        (1024, 2048, False, False, False)
     assert (m.lora_rank, m.lora_alpha, m.continue_training, m.flash_mask) == (8, -1, True, False)
-    assert ModelArgument(lora_rank=4).effective_lora_alpha() == 8 and ModelArgument(rslora=True).effective_lora_alpha() == 4
+    assert ModelArgument(lora_rank=4).effective_lora_alpha() == 8
+    assert ModelArgument(rslora=True).effective_lora_alpha() == 4
