@@ -1,0 +1,96 @@
+"""Autoregressive decoding for our causal LMs: greedy, temperature / top-k / top-p sampling, with a KV cache.
+
+A small counterpart of ``paddlenlp/generation/utils.py`` (``GenerationMixin.generate``) for batch-1 chat and
+evaluation: prompts in one batch must have equal length (no left padding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf; ``logits [B, V]`` fp32."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix whose mass reaches top_p
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 64, *, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_token_id: int | list | None = None,
+             pad_token_id: int | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend ``input_ids`` by up to ``max_new_tokens`` tokens.
+
+    Args:
+        model: a causal LM whose ``forward(input_ids, position_ids=None, ..., kv_cache=None)`` returns logits
+            ``[B, L, V]``; the cache is used when the model has ``make_kv_cache``.
+        input_ids: int64 ``[B, L]`` prompts of equal length.
+        do_sample: sample from ``softmax(logits / temperature)`` filtered by ``top_k`` / ``top_p``; else greedy.
+        eos_token_id: id or ids that end a row; later positions of that row are ``pad_token_id`` (default: eos).
+        use_cache: keep a :class:`~paddlenlp_ext.transformers.cache.KVCache` (O(L) per token instead of O(L^2)).
+        generator: RNG for sampling.
+
+    Returns:
+        int64 ``[B, L + n]`` with ``n <= max_new_tokens`` (stops early when every row has ended).
+
+    Raises:
+        ValueError: bad ``input_ids`` shape or sampling parameters.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got {list(input_ids.shape)}")
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    eos_t = torch.tensor(eos, dtype=torch.long, device=input_ids.device)
+    cache = model.make_kv_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens) \
+        if use_cache and hasattr(model, "make_kv_cache") else None
+    was_training = model.training
+    model.eval()
+    out = input_ids
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    step_ids = input_ids
+    try:
+        for _ in range(max_new_tokens):
+            logits = model(step_ids, kv_cache=cache) if cache is not None else model(out)
+            logits = logits[:, -1].float()  # [B, V]
+            if do_sample:
+                probs = _filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            else:
+                nxt = logits.argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)  # [B]
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            step_ids = nxt[:, None]
+            done |= torch.isin(nxt, eos_t)
+            if bool(done.all()):
+                break
+    finally:
+        model.train(was_training)
+    return out
+
+
+def chat(model, tokenizer, messages, max_new_tokens: int = 128, **generate_kwargs) -> str:
+    """Answer a conversation with the tokenizer's chat template; returns the decoded reply (special tokens dropped).
+
+    Args:
+        messages: ``[{"role": "user"|"assistant"|"system", "content": str}, ...]`` or one user string.
+        generate_kwargs: passed to :func:`generate` (``do_sample``, ``top_p``, ...).
+    """
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    device = next(model.parameters()).device
+    ids = enc["input_ids"].to(device)  # [1, L]
+    generate_kwargs.setdefault("eos_token_id", tokenizer.eos_token_id)
+    generate_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    out = generate(model, ids, max_new_tokens, **generate_kwargs)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
