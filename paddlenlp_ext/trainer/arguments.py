@@ -23,7 +23,7 @@ from .argparser import PdArgumentParser, inert
 
 logger = logging.getLogger(__name__)
 
-_SCHEDULERS = ("linear", "cosine", "constant")
+_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")  # trainer/optimization.py
 _STRATEGIES = ("no", "steps", "epoch")
 _RECOMPUTE = ("full", "core_attn", "full_attn")
 
@@ -90,17 +90,16 @@ class TrainingArguments:
     max_grad_norm: float = field(default=1.0, metadata=_help("Global gradient-norm clip; <= 0 disables it."))
     num_train_epochs: float = field(default=1.0, metadata=_help("Epochs, used when max_steps <= 0."))
     max_steps: int = field(default=-1, metadata=_help("Total optimizer steps; > 0 overrides num_train_epochs."))
-    lr_scheduler_type: str = field(default="linear", metadata=_help("linear | cosine | constant (after warmup)."))
+    lr_scheduler_type: str = field(default="linear", metadata=_help(
+        "linear | cosine | constant | constant_with_warmup | polynomial."))
     warmup_ratio: float = field(default=0.0, metadata=_help("Warmup as a fraction of total steps."))
     warmup_steps: int = field(default=0, metadata=_help("Warmup steps; > 0 overrides warmup_ratio."))
     num_cycles: float = field(default=0.5, metadata=_help("Cosine cycles (0.5 = one half-cosine decay)."))
-    lr_end: float = field(default=1e-7, metadata=inert("polynomial schedule not implemented",
-                                                       help="End lr of the polynomial schedule."))
-    power: float = field(default=1.0, metadata=inert("polynomial schedule not implemented",
-                                                     help="Power of the polynomial schedule."))
+    lr_end: float = field(default=1e-7, metadata=_help("End lr of the polynomial schedule."))
+    power: float = field(default=1.0, metadata=_help("Power of the polynomial schedule."))
     min_lr: float = field(default=0.0, metadata=_help("Floor of the decayed learning rate."))
     optim: str = field(default="adamw", metadata=_help("Optimizer; only 'adamw' (torch.optim.AdamW)."))
-    decay_steps: int = field(default=0, metadata=inert("only linear/cosine/constant schedules exist",
+    decay_steps: int = field(default=0, metadata=inert("the schedules decay over max_steps",
                                                        help="Decay steps of PaddleNLP's polynomial schedule."))
 
     # precision
@@ -138,9 +137,12 @@ class TrainingArguments:
 
     # recompute (activation checkpointing)
     recompute: bool = field(default=False, metadata=_help("Activation checkpointing of decoder layers."))
-    recompute_granularity: str = field(default="full", metadata=_help("full | core_attn | full_attn."))
-    recompute_use_reentrant: bool = field(default=False, metadata=_help("torch.utils.checkpoint use_reentrant."))
-    no_recompute_layers: Optional[List[int]] = field(default=None, metadata=_help("Layer indices never recomputed."))
+    recompute_granularity: str = field(default="full", metadata=inert(
+        "recompute always checkpoints whole decoder layers", help="full | core_attn | full_attn."))
+    recompute_use_reentrant: bool = field(default=False, metadata=inert(
+        "non-reentrant checkpointing is always used", help="torch.utils.checkpoint use_reentrant."))
+    no_recompute_layers: Optional[List[int]] = field(default=None, metadata=inert(
+        "every layer is recomputed when recompute is on", help="Layer indices never recomputed."))
     refined_recompute: str = field(default="", metadata=inert("refined recompute is not implemented",
                                                               help="Paddle refined recompute spec."))
     offload_recompute_inputs: bool = field(default=False, metadata=inert("no CPU offload of recompute inputs",
@@ -177,7 +179,8 @@ class TrainingArguments:
     dataloader_shuffle: bool = field(default=True, metadata=_help("Shuffle map-style train packs each epoch."))
     dataloader_drop_last: bool = field(default=False, metadata=_help("Drop the last incomplete batch."))
     device: str = field(default="gpu", metadata=_help("'gpu' (= cuda when available) or 'cpu'."))
-    run_name: Optional[str] = field(default=None, metadata=_help("Name shown in the loggers."))
+    run_name: Optional[str] = field(default=None, metadata=inert("the loggers do not show a run name",
+                                                                 help="Name shown in the loggers."))
 
     # benchmark modes (PaddleNLP: SFTConfig / DPOTrainingArguments; RM puts them in its DataArgument)
     benchmark: bool = field(default=False, metadata=inert(
@@ -271,8 +274,9 @@ class ModelArgument:
         "HF-format model directory (or a name the model loader knows, e.g. the bundled SmolLM2)."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "Tokenizer dir; None = model_name_or_path (PaddleNLP declares it but never reads it)."))
-    use_flash_attention: bool = field(default=False, metadata=_help(
-        "Route attention through flashmask_attention (PaddleNLP: an LlmMeta training key; RM: a model key)."))
+    use_flash_attention: bool = field(default=False, metadata=inert(
+        "the model always calls flashmask_attention; false does not fall back to (pack-leaking) eager attention",
+        help="Route attention through flashmask_attention (PaddleNLP: an LlmMeta training key; RM: a model key)."))
     flash_mask: bool = field(default=False, metadata=_help(
         "Feed attn_mask_startend_row_indices to attention; forces zero_padding and use_flash_attention."))
     continue_training: bool = field(default=True, metadata=_help("Load pretrained weights (False = random init)."))
@@ -295,7 +299,9 @@ class ModelArgument:
     lora_plus_scale: float = field(default=1.0, metadata=_help("LoRA+ learning-rate ratio of B over A."))
     lora_target_modules: Optional[List[str]] = field(default=None, metadata=_help(
         "Regexes of nn.Linear names to adapt (ours); None = all linear layers, as PaddleNLP."))
-    merge_weights: bool = field(default=False, metadata=_help("Merge LoRA into the base weights when saving (ours)."))
+    merge_weights: bool = field(default=False, metadata=inert(
+        "run_finetune does not merge at save yet (paddlenlp_ext.peft.merge_lora does it by hand)",
+        help="Merge LoRA into the base weights when saving (ours)."))
     use_quick_lora: bool = field(default=False, metadata=inert("no fused quick-LoRA kernel", help="Quick LoRA."))
     pissa: bool = field(default=False, metadata=inert("PiSSA init is not implemented", help="PiSSA."))
     lora_use_mixer: bool = field(default=False, metadata=inert("MosLoRA is not implemented", help="MosLoRA."))
