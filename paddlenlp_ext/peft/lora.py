@@ -47,6 +47,7 @@ __all__ = [
     "disable_lora",
     "mark_only_lora_as_trainable",
     "lora_param_groups",
+    "cast_frozen_base",
 ]
 
 # PaddleNLP ``get_lora_target_modules`` for Llama (all linear layers), plus ERNIE-3.5-SE's fused projection
@@ -475,3 +476,20 @@ def lora_param_groups(model: nn.Module, learning_rate: float, lora_plus_scale: f
         raise ValueError("lora_param_groups: no trainable LoRA parameters (call apply_lora first)")
     return [{"params": a, "lr": learning_rate, "weight_decay": weight_decay},
             {"params": b, "lr": learning_rate * lora_plus_scale, "weight_decay": weight_decay}]
+
+
+@torch.no_grad()
+def cast_frozen_base(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Cast every frozen floating parameter (and floating buffer) to ``dtype``; trainable ones keep theirs.
+
+    Call after :func:`apply_lora` for bf16 LoRA training: the base is held in bf16 (2 bytes per weight, no fp32
+    master copy, no gradient, no optimizer state) while the adapters stay fp32. In place; returns ``model``.
+    """
+    for p in model.parameters():
+        if not p.requires_grad and p.is_floating_point():
+            p.data = p.data.to(dtype)
+    for mod in model.modules():
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if b is not None and b.is_floating_point():
+                setattr(mod, name, b.to(dtype))
+    return model

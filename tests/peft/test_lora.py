@@ -13,6 +13,7 @@ from paddlenlp_ext.peft import (
     LoRAConfig,
     LoRALinear,
     apply_lora,
+    cast_frozen_base,
     disable_lora,
     load_lora,
     lora_param_groups,
@@ -208,7 +209,9 @@ def test_smollm2_rank8_trainable_fraction_on_meta():
 
 
 def test_bf16_base_fp32_adapters_forward_backward():
-    model = apply_lora(hf_tiny_llama().to(torch.bfloat16), {"lora_rank": 2})
+    model = cast_frozen_base(apply_lora(hf_tiny_llama(), {"lora_rank": 2}), torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert all(d == (torch.float32 if "lora_" in n else torch.bfloat16) for n, d in dtypes.items())
     out = logits(model, torch.randint(0, V, (1, 5)))
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
