@@ -13,7 +13,8 @@ formulas follow the Paddle docstring examples and ``flashmask/tests/generate_sta
 
 Length arguments (``lengths``, ``cu_seqlens``, ``valid_lengths``) take one row (``[3, 3, 2]``) or one list per
 batch row (``[[3, 3, 2], [8]]``). Tokens past the last document of a row are padding: their columns are fully
-masked and (except where noted) their rows attend to nothing, so their attention output is 0.
+masked (``LTS = 0``, and ``UTE = S`` in non-causal masks) and (except where noted) their rows attend to nothing,
+so their attention output is 0.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ def causal_document_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None =
 
 def document_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None = None, device=None) -> FlashMask:
     """Packed documents, bidirectional inside each: ``LTS_j = end(doc(j)), UTE_j = start(doc(j))`` (C=2,
-    non-causal); padding columns ``LTS = UTE = 0`` (fully masked).
+    non-causal); padding columns ``LTS = 0, UTE = S`` (fully masked by both intervals, which keeps the tile
+    min/max of :func:`classify_blocks` tight).
 
     >>> document_mask([2, 1]).startend_row_indices[0, 0].tolist()
     [[2, 0], [2, 0], [3, 2]]
@@ -186,8 +188,8 @@ def document_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None = None, 
     rows, seq_len = _doc_rows(lengths, cu_seqlens, seq_len)
     cols = []
     for r in rows:
-        start, end, _ = _doc_cols(r, seq_len)
-        cols.append([end, start])
+        start, end, real = _doc_cols(r, seq_len)
+        cols.append([end, torch.where(real, start, seq_len)])
     return _pack(cols, False, device)
 
 
@@ -268,7 +270,7 @@ def causal_blockwise_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None 
 def block_causal_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None = None, device=None) -> FlashMask:
     """Block-causal (chunked bidirectional): chunk c sees chunks ``<= c``, bidirectionally inside itself:
     ``LTS = n, UTE_j = start(chunk(j))`` (C=2, non-causal; n = real tokens of the row, = S without padding);
-    padding columns fully masked.
+    padding columns ``LTS = 0, UTE = S``.
 
     >>> block_causal_mask([2, 1]).startend_row_indices[0, 0].tolist()
     [[3, 0], [3, 0], [3, 2]]
@@ -277,7 +279,8 @@ def block_causal_mask(lengths=None, *, cu_seqlens=None, seq_len: int | None = No
     cols = []
     for r in rows:
         start, _, real = _doc_cols(r, seq_len)
-        cols.append([torch.where(real, sum(r), 0), start])  # LTS = n: padding rows see nothing
+        # LTS = n: padding rows see nothing; padding columns LTS = 0, UTE = S
+        cols.append([torch.where(real, sum(r), 0), torch.where(real, start, seq_len)])
     return _pack(cols, False, device)
 
 
@@ -298,7 +301,7 @@ def prefix_lm_causal_mask(seq_len: int, prefix_len, batch_size: int = 1, device=
 
 def prefix_lm_document_mask(lengths, prefix_lengths, seq_len: int | None = None, device=None) -> FlashMask:
     """Packed prefix-LM documents (C=2, non-causal): ``LTS_j = end(doc)``, ``UTE_j = start(doc)`` inside the
-    document's prefix ``[s, s+P)``, else ``j``. Padding columns fully masked. ``prefix_lengths`` mirrors
+    document's prefix ``[s, s+P)``, else ``j``. Padding columns ``LTS = 0, UTE = S``. ``prefix_lengths`` mirrors
     ``lengths`` (one prefix per document).
 
     >>> prefix_lm_document_mask([2, 2], [1, 2]).startend_row_indices[0, 0].tolist()
@@ -312,10 +315,10 @@ def prefix_lm_document_mask(lengths, prefix_lengths, seq_len: int | None = None,
     cols = []
     for r, p in zip(rows, prows):
         _err(all(0 <= a <= b for a, b in zip(p, r)), f"each prefix must be in [0, len(doc)], got {p} for {r}")
-        start, end, _ = _doc_cols(r, seq_len)
+        start, end, real = _doc_cols(r, seq_len)
         plen = torch.cat([torch.repeat_interleave(torch.tensor(p, dtype=torch.long), torch.tensor(r)),
                           torch.zeros(seq_len - sum(r), dtype=torch.long)])
-        cols.append([end, torch.where(j < start + plen, start, j)])
+        cols.append([end, torch.where(real, torch.where(j < start + plen, start, j), seq_len)])
     return _pack(cols, False, device)
 
 
@@ -492,8 +495,9 @@ def classify_blocks(startend_row_indices: torch.Tensor, causal: bool, block_m: i
     skip (0) if ``(r0 >= LTS_max and r1 <= LTE_min) or (r1 <= UTE_min and r0 >= UTS_max)``; partial (1) if
     ``(r1 > LTS_min and r0 < LTE_max) or (r0 < UTE_max and r1 > UTS_min)``; else unmasked (2). Causal mode uses
     ``UTS = 0, UTE_j = j``, so tiles above the diagonal are skipped and diagonal tiles are partial.
-    Skip and unmasked are always exact; a tile whose mask is complete only through the union of intervals is
-    reported partial.
+    The result is sound, not exact: a tile reported skip is fully masked and one reported unmasked is fully
+    allowed, but min/max over different columns can leave a fully masked or fully allowed tile "partial"
+    (e.g. a tile masked only by the union of two intervals, or columns with empty ``LTS = LTE`` intervals).
 
     Returns:
         int8 ``[B, H_mask, ceil(S_q/block_m), ceil(S_k/block_n)]`` with values in {0, 1, 2}.
