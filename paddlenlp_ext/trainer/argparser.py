@@ -304,11 +304,10 @@ class PdArgumentParser:
 
         self.inert_keys_set = []
         for key in set_keys:
-            for fields in self._fields:
-                f = fields.get(key)
-                if f is not None and "inert" in f.metadata:
-                    self.inert_keys_set.append((key, f.metadata["inert"]))
-                    break
+            owners = [fields[key] for fields in self._fields if key in fields]
+            # inert only when no dataclass acts on it (a key may be inert in one class and live in another)
+            if owners and all("inert" in f.metadata for f in owners):
+                self.inert_keys_set.append((key, owners[0].metadata["inert"]))
         if self.inert_keys_set:
             logger.warning(
                 "These keys are accepted for PaddleNLP compatibility but not acted on by this build: "

@@ -187,3 +187,16 @@ def test_sft_defaults_match_paddlenlp():
     assert (m.lora_rank, m.lora_alpha, m.continue_training, m.flash_mask) == (8, -1, True, False)
     assert ModelArgument(lora_rank=4).effective_lora_alpha() == 8
     assert ModelArgument(rslora=True).effective_lora_alpha() == 4
+
+
+@dataclass
+class LiveLegacy:
+    legacy: str = field(default="", metadata={"help": "this class acts on it"})
+
+
+def test_key_shared_by_two_dataclasses_sets_both_and_warns_only_if_inert_in_all(caplog):
+    parser = PdArgumentParser((Toy, LiveLegacy))
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer.argparser"):
+        toy, live = parser.parse_args_into_dataclasses(["--legacy", "v", "--legacy2", "1"])
+    assert toy.legacy == live.legacy == "v"
+    assert parser.inert_keys_set == [("legacy2", "also not implemented")]
