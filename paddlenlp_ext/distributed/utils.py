@@ -65,3 +65,51 @@ def to_local_loss(loss: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return loss.to_local() if isinstance(loss, DTensor) else loss
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a mix of plain tensors and DTensors on different meshes.
+
+    Under TP (plain norm weights next to ``DTensor`` projections) or FSDP x TP (1D ``sharding`` and 2D
+    ``(sharding, tp)`` meshes) the stock function fails ("mixed torch.Tensor and DTensor" / "must have the
+    same mesh"). Here gradients are grouped by (mesh, placements); each group's local ``sum |g|^p`` is summed
+    over the mesh axes it is sharded on (replicated axes are not summed), then the groups are added.
+
+    Args:
+        parameters: iterable of parameters (those without ``.grad`` are skipped).
+        max_norm: clip threshold; gradients are scaled by ``min(1, max_norm / (total + 1e-6))``.
+        norm_type: p of the p-norm (finite; ``inf`` is not supported here).
+
+    Returns:
+        The total norm before clipping, fp32 scalar plain tensor, equal on every rank.
+
+    Raises:
+        ValueError: ``norm_type`` is infinite.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    if norm_type == float("inf"):
+        raise ValueError("clip_grad_norm_: norm_type=inf is not supported for sharded gradients; use 2.0")
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else (None, ())
+        groups.setdefault(key, []).append(g)
+    total = None
+    for (mesh, placements), gs in groups.items():
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in gs]
+        part = torch.stack([t.detach().float().norm(norm_type) for t in local]).pow(norm_type).sum()
+        if mesh is not None and not all(p.is_replicate() for p in placements):
+            # Partial on sharded axes sums the shards' contributions; replicated axes hold equal copies.
+            # (Test is_replicate, not isinstance Shard: FSDP x TP uses _StridedShard, not a Shard subclass.)
+            pl = [Replicate() if p.is_replicate() else Partial() for p in placements]
+            part = DTensor.from_local(part, mesh, pl).full_tensor()
+        total = part if total is None else total + part.to(total.device)
+    total = total.pow(1.0 / norm_type)
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.device) if not isinstance(g, DTensor) else float(coef))
+    return total
