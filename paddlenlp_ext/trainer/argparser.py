@@ -247,7 +247,7 @@ class PdArgumentParser:
 
     def _suggest(self, key: str) -> str:
         close = difflib.get_close_matches(key, self.valid_keys, n=3, cutoff=0.6)
-        if not close:  # substring matches catch e.g. "tp_degree" vs "tensor_parallel_degree" poorly; try parts
+        if not close:  # no close spelling: keys that contain it or that it contains (e.g. "lora" in "lora_rank")
             close = [k for k in self.valid_keys if key in k or k in key][:3]
         return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 

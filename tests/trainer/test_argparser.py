@@ -200,3 +200,12 @@ def test_key_shared_by_two_dataclasses_sets_both_and_warns_only_if_inert_in_all(
         toy, live = parser.parse_args_into_dataclasses(["--legacy", "v", "--legacy2", "1"])
     assert toy.legacy == live.legacy == "v"
     assert parser.inert_keys_set == [("legacy2", "also not implemented")]
+
+
+def test_yaml_config_and_cli(tmp_path):
+    cfg = write(tmp_path, "steps: 4\ntags: [a, b]\nflag: true\n", "cfg.yaml")
+    (toy,) = PdArgumentParser(Toy).parse_json_file_and_cmd_lines([cfg, "--steps", "5"])
+    assert (toy.steps, toy.tags, toy.flag) == (5, ["a", "b"], True)
+    bad = write(tmp_path, "steps: [1\n", "bad.yaml")
+    with pytest.raises(ValueError, match=r"bad\.yaml:\d+:\d+: invalid YAML"):
+        PdArgumentParser(Toy).parse_yaml_file(bad)
