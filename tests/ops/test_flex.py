@@ -3,8 +3,6 @@
 Runs FlexAttention eagerly on CPU (torch >= 2.6: the unfused math path).
 """
 
-import warnings
-
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
@@ -14,7 +12,7 @@ from flashmask.dense import to_dense
 from flashmask.flex import flashmask_block_mask, flashmask_mask_mod, flex_flashmask_attention
 from flashmask.reference import flashmask_attention_reference
 
-warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 S = 45  # not a multiple of the block sizes used below
 MASKS = {
