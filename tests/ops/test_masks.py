@@ -452,3 +452,10 @@ def test_plot_matplotlib_and_cli(tmp_path, capsys):
     assert "LTS   : 3 3 3 6 6 6 8 8" in text and "q3 00010000" in text and out.exists()
     with pytest.raises(ValueError, match="causal"):
         plot_mask(m.startend_row_indices, None, str(path))
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(M, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 15 and result.failed == 0
