@@ -407,3 +407,73 @@ def test_lora_launcher_on_tiny_ernie_packs(tmp_path):
     base = Ernie35ForCausalLM.from_pretrained(str(tmp_path / "model"))
     tuned = load_lora(base, str(out))
     assert any(m.lora_B.weight.abs().sum() > 0 for m in tuned.modules() if hasattr(m, "lora_B"))
+
+
+# ---- DPO and RM on ERNIE packs (the team's preference pipeline) ---------------------------------------------------
+
+PREF_EXAMPLES = [
+    {"src": "p1 p2 p3", "tgt": [], "response": ["w1 w2", "c1 c2 c3 c4"], "sort": [0, 1]},
+    {"src": ["u1 u2", "v1 v2 v3"], "tgt": ["a1 a2"], "response": ["c5 c6", "w3 w4 w5"], "sort": [5, 2]},
+    {"src": "q1", "tgt": [], "response": ["c7", "w6 w7"], "sort": [1, 0]},
+]
+
+
+def _pref_batch(layout):
+    from paddlenlp_ext.datasets.preference import PreferenceCollator, check_preference_data, tokenize_preference_example
+    from paddlenlp_ext.datasets.zero_padding import ZeroPaddingMapDataset
+    from tests.trl._stub_tokenizer import WordTokenizer
+
+    tok = WordTokenizer()
+    recs = [tokenize_preference_example(check_preference_data(dict(e)), tok, max_seq_len=64, max_prompt_len=32,
+                                        layout=layout) for e in PREF_EXAMPLES]
+    ds = ZeroPaddingMapDataset(recs, max_length=64)
+    assert len(ds) == 1
+    return recs, PreferenceCollator(64)([ds[0]])
+
+
+def test_dpo_logps_on_ernie_pack_with_lora_reference():
+    """Pair log-probs of a packed ERNIE (LoRA policy, LoRA-disabled reference) equal each pair run alone."""
+    from paddlenlp_ext.peft import LoRALinear, apply_lora, disable_lora
+    from paddlenlp_ext.trl.dpo_trainer import policy_pair_logps
+
+    m = apply_lora(tiny_model(vocab_size=64), {"lora_rank": 2}).eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, LoRALinear):
+                mod.lora_B.weight.normal_(0, 0.1)
+    recs, batch = _pref_batch("dpo")
+
+    def alone(prompt, resp):
+        lp = m(torch.tensor([prompt + resp]))[0].log_softmax(-1)
+        return sum(lp[len(prompt) - 1 + i, t] for i, t in enumerate(resp))
+
+    with torch.no_grad():
+        policy = policy_pair_logps(m, batch)
+        with disable_lora(m):
+            ref = policy_pair_logps(m, batch)
+        want = []
+        for rec in recs:
+            ids, (p, _, _, _) = rec["input_ids"], rec["response_indexs"][0]
+            prompt = ids[:p] + [ids[p]]  # the labels are shifted: the first response token is predicted at p
+            a = [t for t in rec["chosen_labels"] if t != -100]
+            b = [t for t in rec["rejected_labels"] if t != -100]
+            want += [alone(prompt, a), alone(prompt, b)]
+    got = torch.stack([policy.chosen, policy.rejected], 1).flatten()
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-5, atol=1e-4)
+    assert (policy.chosen - ref.chosen).abs().max() > 1e-4  # the reference pass really ran without adapters
+
+
+def test_rm_scores_on_ernie_pack():
+    from paddlenlp_ext.trl.reward_model import LlamaForScore
+
+    torch.manual_seed(0)
+    rm = LlamaForScore(tiny_config(vocab_size=64)).eval()
+    recs, batch = _pref_batch("rm")
+    with torch.no_grad():
+        s_c, s_r = rm.pair_scores(batch)
+        want = []
+        for rec in recs:
+            ids, (p, r0, s, _) = rec["input_ids"], rec["response_indexs"][0]
+            for resp in (ids[p:r0], ids[r0:s]):
+                want.append(rm.score(rm(torch.tensor([ids[:p] + resp]))[0, -1]).squeeze())
+    torch.testing.assert_close(torch.stack([s_c, s_r], 1).flatten(), torch.stack(want), rtol=1e-5, atol=1e-5)

@@ -238,3 +238,24 @@ def test_target_modules_choice():
     names = {n.rsplit(".", 1)[-1] for n, mod in m.named_modules() if isinstance(mod, LoRALinear)}
     assert names == {"q_proj", "v_proj"}
     assert not isinstance(m.lm_head, LoRALinear)
+
+
+def test_paddlenlp_flashmask_lora_config_gives_paddlenlp_scaling():
+    """config/llama/flashmask/lora.json (PaddleNLP's file) parses; its LoRA is rank 8, alpha 16 (scaling 2), all
+    linear layers."""
+    import importlib.util
+    import os
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(root, "llm", "run_finetune.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_finetune"] = mod
+    spec.loader.exec_module(mod)
+    for path in ("config/llama/flashmask/lora.json", "config/smollm2/lora.json"):
+        model_args, _, _, _ = mod.parse_args([os.path.join(root, path)])
+        cfg = LoRAConfig.from_args(model_args)
+        assert model_args.lora and cfg.r == 8 and cfg.lora_alpha == 16 and cfg.scaling == 2.0
+        m = apply_lora(hf_tiny_llama(), model_args)
+        wrapped = {n.rsplit(".", 1)[-1] for n, x in m.named_modules() if isinstance(x, LoRALinear)}
+        assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
