@@ -19,6 +19,7 @@ so their attention output is 0.
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import NamedTuple, Sequence
 
 import torch
@@ -57,14 +58,14 @@ def _as_rows(lengths, name: str) -> list[list[int]]:
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.tolist()
     _err(isinstance(lengths, (list, tuple)) and len(lengths) > 0, f"{name} must be a non-empty list, got {lengths!r}")
-    if all(isinstance(x, int) for x in lengths):
+    if all(isinstance(x, Integral) for x in lengths):
         rows = [list(lengths)]
     else:
         rows = [r.tolist() if isinstance(r, torch.Tensor) else list(r) for r in lengths]
     for b, row in enumerate(rows):
-        _err(all(isinstance(x, int) and x >= 0 for x in row),
+        _err(all(isinstance(x, Integral) and x >= 0 for x in row),
              f"{name}[{b}] must hold non-negative ints, got {row!r}")
-    return rows
+    return [[int(x) for x in row] for row in rows]
 
 
 def _doc_rows(lengths, cu_seqlens, seq_len):
@@ -112,9 +113,9 @@ def _per_row(value, batch: int, name: str) -> list[int]:
 def _valid_lengths(valid_lengths, seq_len: int) -> list[int]:
     vals = valid_lengths.tolist() if isinstance(valid_lengths, torch.Tensor) else list(valid_lengths)
     for b, n in enumerate(vals):
-        _err(isinstance(n, int) and 0 <= n <= seq_len,
+        _err(isinstance(n, Integral) and 0 <= n <= seq_len,
              f"valid_lengths[{b}] must be an int in [0, seq_len={seq_len}], got {n!r}")
-    return vals
+    return [int(n) for n in vals]
 
 
 # ---------------------------------------------------------------------------------------------- builders
