@@ -32,8 +32,25 @@ def _pow2(x: int) -> int:
     return max(16, triton.next_power_of_2(x))
 
 
+def _env_cfg(name: str, keys: tuple[str, ...]) -> dict | None:
+    """Override from an environment variable of comma-separated ints (used by benchmarks/tune_blocks.py)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    vals = [int(x) for x in raw.split(",")]
+    if len(vals) != len(keys):
+        raise ValueError(f"{name}={raw!r}: expected {len(keys)} comma-separated ints {keys}")
+    return dict(zip(keys, vals))
+
+
 def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
-    """Forward tile shape ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` for padded head dim ``d_pad``."""
+    """Forward tile shape ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` for padded head dim ``d_pad``.
+
+    ``FLASHMASK_FWD_CFG="BM,BN,warps,stages"`` overrides it on GPU (offline tuning).
+    """
+    env = _env_cfg("FLASHMASK_FWD_CFG", ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) if on_gpu else None
+    if env:
+        return env
     if not on_gpu:
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
     if dtype == torch.float32:
@@ -46,7 +63,14 @@ def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
 
 
 def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
-    """Backward tile shapes: dK/dV kernel (BLOCK_N keys per program, BLOCK_M query rows per step) and dQ kernel."""
+    """Backward tile shapes: dK/dV kernel (BLOCK_N keys per program, BLOCK_M query rows per step) and dQ kernel.
+
+    ``FLASHMASK_BWD_CFG="BM,BN,warps,stages,dqBM,dqBN,dqwarps,dqstages"`` overrides it on GPU.
+    """
+    env = _env_cfg("FLASHMASK_BWD_CFG", ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "DQ_BLOCK_M",
+                                         "DQ_BLOCK_N", "dq_warps", "dq_stages")) if on_gpu else None
+    if env:
+        return env
     if not on_gpu:
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1,
                     DQ_BLOCK_M=16, DQ_BLOCK_N=16, dq_warps=1, dq_stages=1)
@@ -73,18 +97,17 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     s_k, h_k = k.shape[1], k.shape[2]
     d_pad = _pow2(d)
     cfg = fwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
-    bn = cfg["BLOCK_N"]
-    mm = mv.block_minmax(bn)
-    nb = triton.cdiv(s_k, bn)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    idx, n_part, n_full = mv.block_lists(bm, bn, by_key=False)
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(s_q, cfg["BLOCK_M"]), b * h_q)
+    grid = (idx.shape[1], b * h_q)
     _flashmask_fwd_kernel[grid](
-        q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, mm,
+        q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        s_q, s_k, h_q, mv.h_mask, h_q // h_k, nb, mm.shape[1] * mm.shape[2], scale * LOG2E,
-        D=d, BLOCK_D=d_pad, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, NB_POW2=triton.next_power_of_2(nb),
+        s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_flags(mv, causal, q.dtype),
     )
     return o, lse
@@ -106,32 +129,30 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     atomic = not deterministic
     dqa = torch.zeros(b, s_q, h_q, d, dtype=torch.float32, device=q.device) if atomic else lse  # dummy if unused
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
-    mm = mv.block_minmax(bn)
-    nb, nm = triton.cdiv(s_k, bn), triton.cdiv(s_q, bm)
+    idx, n_part, n_full = mv.block_lists(bm, bn, by_key=True)  # [L, NUM_N, NUM_M]
     sdq = dqa.stride() if atomic else (0, 0, 0)
-    _flashmask_bwd_dkdv_kernel[(nb, b * h_k)](
-        q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, mm,
+    _flashmask_bwd_dkdv_kernel[(idx.shape[1], b * h_k)](
+        q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         sdq[0], sdq[1], sdq[2],
-        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, nb, nm, mm.shape[1] * mm.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, NM_POW2=triton.next_power_of_2(nm), ATOMIC_DQ=atomic,
+        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
     if atomic:
         return dqa.to(q.dtype), dk, dv
     dq = torch.empty_like(q)
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
-    mm2 = mv.block_minmax(bn2)
-    nb2 = triton.cdiv(s_k, bn2)
-    _flashmask_bwd_dq_kernel[(triton.cdiv(s_q, bm2), b * h_q)](
-        q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, mm2,
+    idx2, n_part2, n_full2 = mv.block_lists(bm2, bn2, by_key=False)
+    _flashmask_bwd_dq_kernel[(idx2.shape[1], b * h_q)](
+        q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        s_q, s_k, h_q, mv.h_mask, h_q // h_k, nb2, mm2.shape[1] * mm2.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2, NB_POW2=triton.next_power_of_2(nb2),
+        s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx2.shape[1], idx2.shape[2], scale * LOG2E, scale,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2,
         num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"], **flags,
     )
     return dq, dk, dv

@@ -1,11 +1,12 @@
-"""FlashMask preprocessing and shared Triton helpers (tile classification, element mask, key/row ranges).
+"""FlashMask preprocessing (SoA vectors, per-key-block min/max, tile classes and block lists) + the element mask.
 
 Shape legend: B batch, H_mask mask heads, S_k keys, C vectors per column, NB = ceil(S_k / BLOCK_N).
 
 Preprocessing (FlashMask ``prepare_sparsemask`` / ``scanMaxMinGpu`` in PaddlePaddle/flash-attention
 ``csrc/flash_attn/src/mask.h``; V3 ``prepare_block_maxmin``): the ``[..., C]`` tensor is de-interleaved into
 structure-of-arrays int32 vectors ``[B*H_mask, S_k]`` and reduced to per-key-block min/max, O(S_k) work.
-Tile classification follows ``SPARSE_MASKED_DOWN/UP`` of ``flash_fwd_kernel.h`` (flashmask.md §2.2).
+Tile classification follows ``SPARSE_MASKED_DOWN/UP`` of ``flash_fwd_kernel.h`` (flashmask.md §2.2); the
+classes become per-block visit lists (partial first, then unmasked) that the kernels loop over.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class MaskVectors:
             self.has_mask = self.has_lte = self.has_ut = self.has_uts = False
             self.h_mask = 1
             self.lts = self.lte = self.uts = self.ute = torch.zeros(1, dtype=torch.int32, device=device)
-            self._mm = {}
+            self._mm, self._lists = {}, {}
             return
         b, hm, s_k, c = sri.shape
         self.h_mask = hm
@@ -47,7 +48,7 @@ class MaskVectors:
         self.lte = vec[1] if self.has_lte else self.lts
         self.uts = vec[2] if self.has_uts else self.lts
         self.ute = (vec[1] if c == 2 else vec[3]) if self.has_ut else self.lts
-        self._mm = {}
+        self._mm, self._lists = {}, {}
 
     def block_minmax(self, block_n: int) -> torch.Tensor:
         """int32 ``[8, B*H_mask, NB]`` min/max of each vector per key block of ``block_n`` columns (cached).
@@ -78,34 +79,64 @@ class MaskVectors:
         return out
 
 
-@triton.jit
-def _fully_masked(r0, r1, lts_max, lte_min, uts_max, ute_min,
-                  HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
-    """True where every row of [r0, r1) is masked for every column of the block (conservative)."""
-    res = r0 >= lts_max
-    if HAS_LTE:
-        res = res & (r1 <= lte_min)
-    if HAS_UT:
-        up = r1 <= ute_min
-        if HAS_UTS:
-            up = up & (r0 >= uts_max)
-        res = res | up
-    return res
+    def tile_classes(self, block_m: int, block_n: int):
+        """Tile classes on the ``[Tr, Tc]`` grid of ``block_m`` x ``block_n`` tiles, from the min/max only.
 
+        Returns bool ``(live, partial)``, each ``[L, Tr, Tc]`` with L = B*H_mask (1 without a mask): live = not
+        fully masked (and not above the causal diagonal); partial = live and needs the element mask (interval
+        overlap, causal diagonal, or key tail). Conservative as in FlashMask §2.2: exact results either way.
+        """
+        dev = self.lts.device
+        tr, tc = triton.cdiv(self.seq_q, block_m), triton.cdiv(self.seq_k, block_n)
+        r0 = (torch.arange(tr, device=dev) * block_m).view(1, tr, 1)
+        r1 = torch.clamp(r0 + block_m, max=self.seq_q)
+        c0 = (torch.arange(tc, device=dev) * block_n).view(1, 1, tc)
+        live = torch.ones(1, tr, tc, dtype=torch.bool, device=dev)
+        partial = (c0 + block_n > self.seq_k).expand(1, tr, tc)
+        if self.causal:
+            live = live & (c0 <= r1 - 1)
+            partial = partial | (c0 + block_n - 1 > r0)
+        if self.has_mask:
+            mm = self.block_minmax(block_n)[:, :, None, :]  # [8, L, 1, Tc]
+            full = r0 >= mm[LTS_MAX]
+            part = r1 > mm[LTS_MIN]
+            if self.has_lte:
+                full = full & (r1 <= mm[LTE_MIN])
+                part = part & (r0 < mm[LTE_MAX])
+            if self.has_ut:
+                up_full = r1 <= mm[UTE_MIN]
+                up_part = r0 < mm[UTE_MAX]
+                if self.has_uts:
+                    up_full = up_full & (r0 >= mm[UTS_MAX])
+                    up_part = up_part & (r1 > mm[UTS_MIN])
+                full = full | up_full
+                part = part | up_part
+            live = live & ~full
+            partial = partial | part
+        partial = partial & live
+        return live, partial
 
-@triton.jit
-def _partly_masked(r0, r1, lts_min, lte_max, uts_min, ute_max,
-                   HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
-    """True where some element of the tile may be masked by the column intervals (needs element math)."""
-    res = r1 > lts_min
-    if HAS_LTE:
-        res = res & (r0 < lte_max)
-    if HAS_UT:
-        up = r0 < ute_max
-        if HAS_UTS:
-            up = up & (r1 > uts_min)
-        res = res | up
-    return res
+    def block_lists(self, block_m: int, block_n: int, by_key: bool):
+        """Per outer block, the inner blocks to visit: partial ones first, then unmasked ones (cached).
+
+        ``by_key=False`` (forward, dQ): outer = query blocks, inner = key blocks; ``True`` (dK/dV): outer =
+        key blocks, inner = query blocks. Returns ``(idx int32 [L, R, T], n_partial int32 [L, R],
+        n_full int32 [L, R])``; fully masked inner blocks are never listed, so the kernels never load them.
+        Like FlashMask V3's per-m-block ``generate_n_block`` list (flashmask.md §2.4), built on the device from
+        the O(N) min/max in O(Tr*Tc) without evaluating any element.
+        """
+        key = (block_m, block_n, by_key)
+        if key in self._lists:
+            return self._lists[key]
+        live, partial = self.tile_classes(block_m, block_n)
+        if by_key:
+            live, partial = live.transpose(1, 2), partial.transpose(1, 2)
+        order = torch.where(partial, 0, torch.where(live, 1, 2)).to(torch.int8)
+        idx = torch.argsort(order, dim=-1, stable=True).to(torch.int32).contiguous()
+        n_p = partial.sum(-1, dtype=torch.int32).contiguous()
+        n_f = (live & ~partial).sum(-1, dtype=torch.int32).contiguous()
+        self._lists[key] = (idx, n_p, n_f)
+        return self._lists[key]
 
 
 @triton.jit
@@ -131,88 +162,3 @@ def _elem_masked(rows, cols, S_k, LTS, LTE, UTS, UTE,
                 up = up & (rows >= tl.load(UTS + cols, mask=cm, other=0))
             masked = masked | up
     return masked
-
-
-@triton.jit
-def _key_block_range(r0, r1, MM, mm_vec_stride, NB, BLOCK_N: tl.constexpr, NB_POW2: tl.constexpr,
-                     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-                     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
-    """``[lo, hi)`` key blocks that are not fully masked for query rows ``[r0, r1)`` (forward / dQ)."""
-    hi = NB
-    if CAUSAL:
-        hi = tl.minimum(NB, (r1 + BLOCK_N - 1) // BLOCK_N)  # keys j <= r1 - 1
-    lo = 0
-    if HAS_MASK:
-        nidx = tl.arange(0, NB_POW2)
-        valid = nidx < hi
-        full = _fully_masked(r0, r1,
-                             tl.load(MM + LTS_MAX_ * mm_vec_stride + nidx, mask=valid, other=0),
-                             tl.load(MM + LTE_MIN_ * mm_vec_stride + nidx, mask=valid, other=0),
-                             tl.load(MM + UTS_MAX_ * mm_vec_stride + nidx, mask=valid, other=0),
-                             tl.load(MM + UTE_MIN_ * mm_vec_stride + nidx, mask=valid, other=0),
-                             HAS_LTE, HAS_UT, HAS_UTS)
-        live = valid & (full == 0)
-        lo = tl.min(tl.where(live, nidx, NB_POW2), axis=0)
-        hi = tl.max(tl.where(live, nidx + 1, 0), axis=0)
-    return lo, hi
-
-
-@triton.jit
-def _row_block_range(c0, MM, mm_vec_stride, n, S_q, NM, BLOCK_M: tl.constexpr, NM_POW2: tl.constexpr,
-                     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-                     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
-    """``[lo, hi)`` query blocks that are not fully masked for key block ``n`` starting at column ``c0``."""
-    lo = 0
-    if CAUSAL:
-        lo = c0 // BLOCK_M  # rows below c0 see none of this block's columns
-    hi = NM
-    if HAS_MASK:
-        midx = tl.arange(0, NM_POW2)
-        r0 = midx * BLOCK_M
-        r1 = tl.minimum(r0 + BLOCK_M, S_q)
-        full = _fully_masked(r0, r1,
-                             tl.load(MM + LTS_MAX_ * mm_vec_stride + n),
-                             tl.load(MM + LTE_MIN_ * mm_vec_stride + n),
-                             tl.load(MM + UTS_MAX_ * mm_vec_stride + n),
-                             tl.load(MM + UTE_MIN_ * mm_vec_stride + n),
-                             HAS_LTE, HAS_UT, HAS_UTS)
-        live = (midx < NM) & (midx >= lo) & (full == 0)
-        lo = tl.min(tl.where(live, midx, NM_POW2), axis=0)
-        hi = tl.max(tl.where(live, midx + 1, 0), axis=0)
-    return lo, hi
-
-
-# constexpr copies of the row indices for use inside jit code
-LTS_MIN_ = tl.constexpr(LTS_MIN)
-LTS_MAX_ = tl.constexpr(LTS_MAX)
-LTE_MIN_ = tl.constexpr(LTE_MIN)
-LTE_MAX_ = tl.constexpr(LTE_MAX)
-UTS_MIN_ = tl.constexpr(UTS_MIN)
-UTS_MAX_ = tl.constexpr(UTS_MAX)
-UTE_MIN_ = tl.constexpr(UTE_MIN)
-UTE_MAX_ = tl.constexpr(UTE_MAX)
-
-
-@triton.jit
-def _tile_class(r0, r1, c0, n, MM, mm_vec_stride, S_k, BLOCK_N: tl.constexpr,
-                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-                HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
-    """(skip, need_mask) scalars for tile rows [r0, r1) x key block n (columns [c0, c0 + BLOCK_N))."""
-    need = (c0 + BLOCK_N) > S_k
-    if CAUSAL:
-        need = need | ((c0 + BLOCK_N - 1) > r0)
-    skip = r0 >= r1  # always False for a real tile; gives a tensor of the right type
-    if HAS_MASK:
-        skip = _fully_masked(r0, r1,
-                             tl.load(MM + LTS_MAX_ * mm_vec_stride + n),
-                             tl.load(MM + LTE_MIN_ * mm_vec_stride + n),
-                             tl.load(MM + UTS_MAX_ * mm_vec_stride + n),
-                             tl.load(MM + UTE_MIN_ * mm_vec_stride + n),
-                             HAS_LTE, HAS_UT, HAS_UTS)
-        need = need | _partly_masked(r0, r1,
-                                     tl.load(MM + LTS_MIN_ * mm_vec_stride + n),
-                                     tl.load(MM + LTE_MAX_ * mm_vec_stride + n),
-                                     tl.load(MM + UTS_MIN_ * mm_vec_stride + n),
-                                     tl.load(MM + UTE_MAX_ * mm_vec_stride + n),
-                                     HAS_LTE, HAS_UT, HAS_UTS)
-    return skip, need

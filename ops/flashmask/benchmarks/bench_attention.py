@@ -137,7 +137,7 @@ class FlexMask:
 def bench(fn, grads=None) -> float:
     from triton.testing import do_bench
 
-    return do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median")
+    return do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")
 
 
 def run(args) -> list[dict]:
