@@ -29,7 +29,7 @@ from .dense import expand_startend, to_dense
 __all__ = [
     "FlashMask", "to_dense", "from_dense", "classify_blocks",
     "causal_mask", "full_mask", "sliding_window_mask", "causal_document_mask", "document_mask",
-    "share_question_mask", "global_sliding_window_mask", "causal_blockwise_mask", "block_causal_mask",
+    "share_question_mask", "preference_mask", "global_sliding_window_mask", "causal_blockwise_mask", "block_causal_mask",
     "prefix_lm_causal_mask", "prefix_lm_document_mask", "qk_sparse_mask", "random_eviction_mask",
     "key_padding_mask", "query_padding_mask",
 ]
@@ -222,6 +222,37 @@ def share_question_mask(samples, seq_len: int | None = None, device=None) -> Fla
                 pos += a
         cols.append([torch.tensor(lts + [0] * (seq_len - pos), dtype=torch.long)])
     return _pack(cols, True, device)
+
+
+def preference_mask(response_indexs, batch_size: int, seq_len: int, device=None) -> FlashMask:
+    """Share-question mask of a packed DPO / RM batch from its ``response_indexs`` (docs/design.md §2).
+
+    Each row ``[batch_row, chosen_start, rejected_start, end]`` is one pair: prompt ``[prev_end, chosen_start)``
+    (the previous pair's end in that batch row, or 0: packs are contiguous), chosen ``[chosen_start,
+    rejected_start)``, rejected ``[rejected_start, end)``. Gives PaddleNLP's ``[S]*P ++ [P+R0]*R0 ++ [S]*R1``
+    per pair (``llm/alignment/dpo`` preprocessing, offset by the pair's start); uncovered tail columns are
+    padding (``LTS = 0``). C=1, causal.
+
+    Raises:
+        ValueError: pairs of one row that overlap or are not in order, or indices outside ``[0, seq_len]``.
+
+    >>> preference_mask([[0, 2, 6, 9]], 1, 10).startend_row_indices[0, 0, :, 0].tolist()
+    [9, 9, 6, 6, 6, 6, 9, 9, 9, 0]
+    """
+    ri = torch.as_tensor(response_indexs, dtype=torch.long).reshape(-1, 4).tolist()
+    lts = torch.zeros(batch_size, seq_len, dtype=torch.long)
+    prev_end = [0] * batch_size
+    for k, (b, c0, r0, end) in enumerate(ri):
+        _err(0 <= b < batch_size and prev_end[b] <= c0 <= r0 <= end <= seq_len,
+             f"response_indexs[{k}] = {[b, c0, r0, end]} must satisfy 0 <= batch_row < {batch_size} and "
+             f"previous end ({prev_end[b] if 0 <= b < batch_size else '?'}) <= chosen_start <= rejected_start "
+             f"<= end <= seq_len={seq_len}")
+        lts[b, prev_end[b]:c0] = end  # prompt: seen by the whole pair
+        lts[b, c0:r0] = r0  # chosen: hidden from the rejected response
+        lts[b, r0:end] = end
+        prev_end[b] = end
+    sri = lts[:, None, :, None].to(torch.int32)
+    return FlashMask(sri.to(device) if device is not None else sri, True)
 
 
 def global_sliding_window_mask(seq_len: int, global_tokens: int, window_size, batch_size: int = 1,

@@ -459,3 +459,20 @@ def test_docstring_examples():
 
     result = doctest.testmod(M, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 15 and result.failed == 0
+
+
+def test_preference_mask_paddlenlp_example():
+    # paddlenlp_spec.md §2.6 worked DPO example: two pairs packed into one row of 16 (one padding token)
+    m = M.preference_mask(torch.tensor([[0, 2, 6, 9], [0, 10, 12, 15]]), 1, 16)
+    paddle = [9, 9, 6, 6, 6, 6, 9, 9, 9, 15, 12, 12, 15, 15, 15, 15]  # PaddleNLP pads with the last value
+    assert m.causal and m.startend_row_indices[0, 0, :15, 0].tolist() == paddle[:15]
+    assert m.startend_row_indices[0, 0, 15, 0].item() == 0  # our padding convention (same dense mask)
+    pad_paddle = torch.tensor(paddle, dtype=torch.int32)[None, None, :, None]
+    assert torch.equal(m.dense(), to_dense(pad_paddle, True))
+    allowed_first = rows_to_bool("100000000 110000000 111000000 111100000 111110000 111111000 "
+                                 "110000100 110000110 110000111")  # the spec's 9x9 table of pair 1
+    assert torch.equal(m.dense()[0, 0, :9, :9], allowed_first)
+    same = M.share_question_mask([[(2, [4, 3]), (1, [2, 3])]], seq_len=16)
+    assert torch.equal(m.startend_row_indices, same.startend_row_indices)
+    with pytest.raises(ValueError, match=r"response_indexs\[1\]"):
+        M.preference_mask([[0, 2, 6, 9], [0, 8, 12, 15]], 1, 16)  # overlaps the first pair
