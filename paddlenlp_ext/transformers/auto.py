@@ -45,6 +45,15 @@ def resolve_model_name_or_path(name_or_path: str) -> str:
                      f"written by transformers' save_pretrained.")
 
 
+def _ernie_preset(name) -> bool:
+    """True for ERNIE-3.5-SE preset names (random-init configs, e.g. ``ernie/tiny-random-ernie``)."""
+    if not isinstance(name, str) or os.path.isdir(name) or "ernie" not in name.lower():
+        return False
+    from .ernie35 import is_preset
+
+    return is_preset(name)
+
+
 def _model_class(model_type: str):
     if model_type == "llama":
         from .llama import LlamaForCausalLM
@@ -62,6 +71,10 @@ class AutoConfig:
 
     @staticmethod
     def from_pretrained(name_or_path: str, **overrides):
+        if _ernie_preset(name_or_path):
+            from .ernie35 import preset_config
+
+            return preset_config(name_or_path, **overrides)
         path = resolve_model_name_or_path(name_or_path)
         model_type = read_config_dict(path).get("model_type")
         if model_type == "llama":
@@ -82,8 +95,13 @@ class AutoModelForCausalLM:
     def from_pretrained(name_or_path: str, dtype: str | torch.dtype = torch.float32, **config_overrides):
         """Load weights from a local directory or the embedded SmolLM2 (see :func:`resolve_model_name_or_path`).
 
-        ``config_overrides`` (e.g. ``recompute=True``) replace fields of the stored config.
+        ``config_overrides`` (e.g. ``recompute=True``) replace fields of the stored config. An ERNIE-3.5-SE
+        preset name (``ernie/tiny-random-ernie``) gives a randomly initialised ERNIE (no such weights exist).
         """
+        if _ernie_preset(name_or_path):
+            from .ernie35 import from_preset_or_pretrained
+
+            return from_preset_or_pretrained(name_or_path, dtype=dtype, **config_overrides)
         path = resolve_model_name_or_path(name_or_path)
         cls = _model_class(read_config_dict(path).get("model_type"))
         return cls.from_pretrained(path, dtype=dtype, **config_overrides)
@@ -99,8 +117,13 @@ class AutoTokenizer:
 
     @staticmethod
     def from_pretrained(name_or_path: str, **kwargs):
-        """Load ``tokenizer.json`` / ``tokenizer_config.json`` from the resolved directory (never the hub)."""
+        """Load ``tokenizer.json`` / ``tokenizer_config.json`` from the resolved directory (never the hub).
+
+        ERNIE-3.5-SE preset names map to the SmolLM2 tokenizer (their stand-in; ERNIE's own is not available).
+        """
         import transformers
 
+        if _ernie_preset(name_or_path):
+            name_or_path = SMOLLM2_NAMES[0]
         path = resolve_model_name_or_path(name_or_path)
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)

