@@ -191,9 +191,34 @@ def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
             raise ValueError(f"TP plan entry {fqn!r} matches no module of {type(model).__name__}; "
                              f"tensor parallelism expects HF Llama module names (docs/design.md section 4)")
     parallelize_module(model, parallel_dims.tp_mesh(), plan)
+    _replicate_rest(model, parallel_dims.tp_mesh())
     if tied:
         # Embedding (RowwiseParallel) and LM head (ColwiseParallel) both place [V, H] as Shard(0): one DTensor.
         model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def _replicate_rest(model: nn.Module, tp_mesh) -> None:
+    """Turn every parameter the plan left alone (norm weights; a replicated embedding / head) into a
+    ``Replicate()`` ``DTensor`` on the TP mesh, with inputs wrapped and outputs unwrapped around its module.
+
+    Then all parameters are DTensors on one mesh (``tp``, or ``(sharding, tp)`` after FSDP), so stock utilities
+    that stack per-parameter results (``torch.nn.utils.clip_grad_norm_``, foreach optimizers) work. Each TP
+    rank computes the same full gradient for these parameters (their inputs are replicated), so no reduction
+    is needed.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def wrap_inputs(_mod, inputs, mesh):
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                     if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+
+    def unwrap_output(_mod, out, mesh):
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    for module in list(model.modules()):
+        if any(p is not None and not isinstance(p, DTensor) for p in module._parameters.values()):
+            # partition_fn=None replicates this module's params and buffers (children already placed are kept).
+            distribute_module(module, tp_mesh, None, wrap_inputs, unwrap_output)
 
 
 def _fsdp_kwargs(parallel_dims: ParallelDims, training_args: Any) -> dict[str, Any]:

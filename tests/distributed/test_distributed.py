@@ -89,6 +89,7 @@ def world2(tmp, ref):
          "adapters": str(tmp / "lora_fsdp")},
         {"name": "lora_tp", "layout": tp, "end": 3, "lora": True, "adapters": str(tmp / "lora_tp")},
         {"name": "tp_clip", "layout": tp, "end": 3, "clip": 1.0},
+        {"name": "tp_clip_torch", "layout": tp, "end": 3, "clip": 1.0, "clip_impl": "torch"},
     ]
     return _run(spec, 2, tmp)
 
@@ -106,6 +107,8 @@ def world4(tmp, world2):
          "clip": 1.0},
         {"name": "fsdp_x_tp_sp_clip", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2,
                                                  "sequence_parallel": True}, "end": 3, "clip": 1.0},
+        {"name": "fsdp_x_tp_clip_torch", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2}, "end": 3,
+         "clip": 1.0, "clip_impl": "torch"},
     ]
     return _run(spec, 4, tmp)
 
@@ -133,9 +136,11 @@ def test_four_ranks_match_one_process(world4, ref, tol, name):
     _assert_close(world4[name], ref["ref"], tol)
 
 
-@pytest.mark.parametrize("world,name", [(2, "tp_clip"), (4, "fsdp_x_tp_clip"), (4, "fsdp_x_tp_sp_clip")])
-def test_clip_grad_norm_over_mixed_meshes(world2, world4, ref, tol, world, name):
-    """``clip_grad_norm_`` where torch's fails (plain + DTensor grads, 1D + 2D meshes): same norms and losses."""
+@pytest.mark.parametrize("world,name", [(2, "tp_clip"), (4, "fsdp_x_tp_clip"), (4, "fsdp_x_tp_sp_clip"),
+                                        (2, "tp_clip_torch"), (4, "fsdp_x_tp_clip_torch")])
+def test_clip_grad_norm(world2, world4, ref, tol, world, name):
+    """Our ``clip_grad_norm_`` (any mix of meshes) and torch's (works since every parameter is a DTensor on
+    one mesh after ``parallelize_model``): same norms and losses as one process."""
     assert ref["clip"]["grad_norms"][0] > 1.0  # clipping is active
     _assert_close((world2 if world == 2 else world4)[name], ref["clip"], tol)
 
