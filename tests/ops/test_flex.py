@@ -33,6 +33,15 @@ MASKS = {
 H_Q, H_K = 4, 2
 
 
+def assert_matches_reference(out, q, k, v, sri, causal, scale):
+    """out within 4x the fp32 reference's own error against the float64 reference (floor 1e-6)."""
+    ref, _ = flashmask_attention_reference(q, k, v, sri, causal, scale)
+    r64, _ = flashmask_attention_reference(*(t.double() for t in (q, k, v)), sri, causal, scale,
+                                           compute_dtype=torch.float64)
+    tol = 4 * max((ref.double() - r64).abs().max().item(), 1e-6)
+    assert (out.double() - r64).abs().max().item() <= tol
+
+
 def expected_dense(m):
     """bool [B, H_Q, S, S] from the FlashMask (mask head = q head // (H_Q / H_mask))."""
     d = to_dense(m.startend_row_indices, m.causal)
@@ -116,11 +125,7 @@ def test_flex_attention_equals_reference(name):
     out, lse = flex_flashmask_attention(q, k, v, sri, m.causal, 0.25, block_size=16, return_softmax_lse=True)
     ref, ref_lse = flashmask_attention_reference(q, k, v, sri, m.causal, 0.25)
     assert out.shape == ref.shape and lse.shape == ref_lse.shape
-    # tolerance: fp32 vs float64 error of the reference itself (same dtype, same inputs)
-    r64, _ = flashmask_attention_reference(*(t.double() for t in (q, k, v)), sri, m.causal, 0.25,
-                                           compute_dtype=torch.float64)
-    tol = 4 * max((ref.double() - r64).abs().max().item(), 1e-6)
-    assert (out.double() - r64).abs().max().item() <= tol
+    assert_matches_reference(out, q, k, v, sri, m.causal, 0.25)
     live = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), live)  # empty rows: -inf in both
     assert torch.allclose(lse[live], ref_lse[live], atol=1e-5, rtol=0)
@@ -150,10 +155,22 @@ def test_plain_and_errors():
     q, k, v = (torch.randn(1, 20, 2, 8, generator=g) for _ in range(3))
     for causal in (True, False):
         out = flex_flashmask_attention(q, k, v, None, causal, block_size=16)
-        ref, _ = flashmask_attention_reference(q, k, v, None, causal, 8 ** -0.5)
-        assert torch.allclose(out, ref, atol=1e-5, rtol=0)
+        assert_matches_reference(out, q, k, v, None, causal, 8 ** -0.5)
     per_head = M.random_eviction_mask(20, num_heads=2).startend_row_indices
     with pytest.raises(ValueError, match="H_mask=2"):
         flashmask_mask_mod(per_head, True)
     with pytest.raises(ValueError, match="H_mask=2"):
         flashmask_block_mask(per_head, True, num_heads=3)
+
+
+@pytest.mark.parametrize("s", [1, 127, 128, 129])
+def test_default_block_size_edges(s):
+    m = M.causal_document_mask([[max(1, s // 3), s - max(1, s // 3)] if s > 1 else [1]])
+    ours = flashmask_block_mask(m.startend_row_indices, m.causal)  # BLOCK_SIZE 128
+    ref = create_block_mask(flashmask_mask_mod(m.startend_row_indices, m.causal), 1, 1, s, s, device="cpu")
+    for attr in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices"):
+        assert torch.equal(getattr(ours, attr), getattr(ref, attr)), attr
+    g = torch.Generator().manual_seed(s)
+    q, k, v = (torch.randn(1, s, 2, 8, generator=g) for _ in range(3))
+    out = flex_flashmask_attention(q, k, v, None, True, block_mask=ours)
+    assert_matches_reference(out, q, k, v, m.startend_row_indices, True, 8 ** -0.5)
