@@ -128,7 +128,11 @@ def test_flex_attention_equals_reference(name):
     assert_matches_reference(out, q, k, v, sri, m.causal, 0.25)
     live = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), live)  # empty rows: -inf in both
-    assert torch.allclose(lse[live], ref_lse[live], atol=1e-5, rtol=0)
+    _, lse64 = flashmask_attention_reference(*(t.double() for t in (q, k, v)), sri, m.causal, 0.25,
+                                             compute_dtype=torch.float64)
+    # the reference rounds its LSE to fp32 by contract, so this tolerance is mostly the 1e-6 floor (x4)
+    lse_tol = 4 * max((ref_lse.double() - lse64)[live].abs().max().item(), 1e-6)
+    assert (lse.double() - lse64)[live].abs().max().item() <= lse_tol
     assert torch.equal(out[~live.transpose(1, 2)], torch.zeros_like(out[~live.transpose(1, 2)]))
 
 
