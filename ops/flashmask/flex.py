@@ -13,6 +13,8 @@ query heads, so a per-head mask (``H_mask = H_k``) is repeated over each GQA gro
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -123,6 +125,22 @@ def flashmask_block_mask(startend_row_indices: torch.Tensor, causal: bool, num_h
 
 
 _compiled_flex = None
+_last_block_mask = None  # (weakref to the vectors, their _version, build arguments, BlockMask)
+
+
+def _block_mask_for(sri: torch.Tensor, causal: bool, num_heads: int, block_size, seq_q: int) -> BlockMask:
+    """flashmask_block_mask with a one-entry cache: every layer of a model passes the same vectors tensor, so
+    the BlockMask is built once per batch. A hit needs the very same tensor object (weak reference, so a freed
+    tensor never matches) with an unchanged version counter (in-place edits bump it)."""
+    global _last_block_mask
+    key = (causal, num_heads, block_size, seq_q)
+    if _last_block_mask is not None:
+        ref, version, old_key, bm = _last_block_mask
+        if ref() is sri and sri._version == version and old_key == key:
+            return bm
+    bm = flashmask_block_mask(sri, causal, num_heads=num_heads, block_size=block_size, seq_q=seq_q)
+    _last_block_mask = (weakref.ref(sri), sri._version, key, bm)
+    return bm
 
 
 def flex_flashmask_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -135,7 +153,8 @@ def flex_flashmask_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     Args:
         query: ``[B, S_q, H_q, D]``; key, value: ``[B, S_k, H_k, D]``; GQA when ``H_q != H_k``.
         startend_row_indices: int32 ``[B, H_mask, S_k, C]``, or None (plain causal / full).
-        block_mask: a prebuilt :func:`flashmask_block_mask` (build once per batch and reuse it in every layer).
+        block_mask: a prebuilt :func:`flashmask_block_mask`. Without it the BlockMask is built from the vectors
+            and cached for the same (unmodified) tensor object, so the layers of one forward share it.
         compile: use ``torch.compile(flex_attention)`` (the fused Triton kernel); default: on CUDA only.
             Eager mode materialises the scores (tests on CPU).
         kernel_options: passed through (e.g. ``{"BACKEND": "FLASH"}``).
@@ -149,11 +168,13 @@ def flex_flashmask_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     s_k = key.shape[1]
     if block_mask is None:
         sri = startend_row_indices
-        if sri is None:  # plain attention, written as FlashMask vectors
+        if sri is None:  # plain attention, written as FlashMask vectors (not cached: a fresh tensor each call)
             sri = torch.full((1, 1, s_k, 1 if causal else 2), s_q, dtype=torch.int32, device=query.device)
             if not causal:
                 sri[..., 1] = 0
-        block_mask = flashmask_block_mask(sri, causal, num_heads=h_q, block_size=block_size, seq_q=s_q)
+            block_mask = flashmask_block_mask(sri, causal, num_heads=h_q, block_size=block_size, seq_q=s_q)
+        else:
+            block_mask = _block_mask_for(sri, causal, h_q, block_size, s_q)
     compile = query.is_cuda if compile is None else compile
     fn = flex_attention
     if compile:

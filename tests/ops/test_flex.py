@@ -178,3 +178,17 @@ def test_default_block_size_edges(s):
     q, k, v = (torch.randn(1, s, 2, 8, generator=g) for _ in range(3))
     out = flex_flashmask_attention(q, k, v, None, True, block_mask=ours)
     assert_matches_reference(out, q, k, v, m.startend_row_indices, True, 8 ** -0.5)
+
+
+def test_block_mask_cache():
+    from flashmask import flex
+
+    sri = M.causal_document_mask([10, 10]).startend_row_indices.clone()
+    a = flex._block_mask_for(sri, True, 2, 16, 20)
+    assert flex._block_mask_for(sri, True, 2, 16, 20) is a  # same tensor, unchanged: reused
+    assert flex._block_mask_for(sri, True, 2, 8, 20) is not a  # other block size
+    b = flex._block_mask_for(sri, True, 2, 16, 20)
+    sri[0, 0, :10, 0] = 20  # in-place edit bumps the version: rebuilt, and the new mask is used
+    c = flex._block_mask_for(sri, True, 2, 16, 20)
+    assert c is not b and torch.equal(c.kv_num_blocks, flashmask_block_mask(sri, True, 2, 16).kv_num_blocks)
+    assert flex._block_mask_for(sri.clone(), True, 2, 16, 20) is not c  # another tensor object
