@@ -133,7 +133,7 @@ def _plot_matplotlib(sri: torch.Tensor, causal: bool, allowed: torch.Tensor, pat
         ax.grid(which="minor", color="white", lw=0.8)
         ax.tick_params(which="both", labelsize=7, length=0)
     ax.set_xlim(-0.5, s_k - 0.5)
-    ax.set_ylim(s_q - 0.5 + 0.5, -0.5)  # leave room for bars at row S_q
+    ax.set_ylim(s_q - 0.5 + 0.3, -0.5 - 0.3)  # margins so bars at row 0 and row S_q stay visible
     ax.set_xlabel("key column j")
     ax.set_ylabel("query row i")
     ax.set_title(title or f"FlashMask causal={causal}, C={sri.shape[-1]} (blue = attend)", fontsize=10)
