@@ -27,11 +27,11 @@ import torch
 from .dense import expand_startend, to_dense
 
 __all__ = [
-    "FlashMask", "to_dense", "from_dense", "classify_blocks",
+    "FlashMask", "to_dense", "from_dense", "block_min_max", "classify_blocks",
     "causal_mask", "full_mask", "sliding_window_mask", "causal_document_mask", "document_mask",
-    "share_question_mask", "preference_mask", "global_sliding_window_mask", "causal_blockwise_mask", "block_causal_mask",
-    "prefix_lm_causal_mask", "prefix_lm_document_mask", "qk_sparse_mask", "random_eviction_mask",
-    "key_padding_mask", "query_padding_mask",
+    "share_question_mask", "preference_mask", "global_sliding_window_mask", "causal_blockwise_mask",
+    "block_causal_mask", "prefix_lm_causal_mask", "prefix_lm_document_mask", "qk_sparse_mask",
+    "random_eviction_mask", "key_padding_mask", "query_padding_mask",
 ]
 
 
