@@ -76,6 +76,9 @@ def test_presets_and_config_round_trip(tmp_path):
     c = Ernie35Config.from_pretrained("baidu/ernie-3.5-se-3b")
     c.save_pretrained(tmp_path)
     assert Ernie35Config.from_pretrained(str(tmp_path)) == c
+    # a config.json written by PaddleNLP records tying only as tie_word_embeddings (no weight_share attribute)
+    (tmp_path / "config.json").write_text('{"model_type": "ernie", "tie_word_embeddings": true, "hidden_size": 64}')
+    assert Ernie35Config.from_pretrained(str(tmp_path)).weight_share is True
     with pytest.raises(FileNotFoundError, match="neither a preset"):
         Ernie35Config.from_pretrained("ernie/none")
     with pytest.raises(ValueError, match="divisible"):

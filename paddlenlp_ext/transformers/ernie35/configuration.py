@@ -197,6 +197,10 @@ class Ernie35Config:
             d = json.load(f)
         for k in _PASSTHROUGH - {"model_type"}:
             d.pop(k, None)
+        if "weight_share" not in d and "tie_word_embeddings" in d:
+            # PaddleNLP's Ernie35Config keeps no weight_share attribute, so the config.json it writes records the
+            # tying only as tie_word_embeddings; read that back as weight_share (PaddleNLP itself would drop it).
+            d["weight_share"] = bool(d["tie_word_embeddings"])
         return cls.from_dict(d, **overrides)
 
     def __repr__(self) -> str:
