@@ -89,7 +89,8 @@ def save_full_model(model: nn.Module, save_dir: str, dtype: torch.dtype | str | 
     _barrier()
 
 
-def save_full_adapters(model: nn.Module, save_dir: str, save_fn: Any = None) -> dict[str, torch.Tensor]:
+def save_full_adapters(model: nn.Module, save_dir: str, save_fn: Any = None,
+                       base_model_name_or_path: str | None = None) -> dict[str, torch.Tensor]:
     """Gather the trainable parameters (LoRA adapters) whole and write them from rank 0.
 
     Under FSDP each adapter matrix is sharded on dim 0, under TP ``lora_B`` of a column-parallel layer is
@@ -103,18 +104,20 @@ def save_full_adapters(model: nn.Module, save_dir: str, save_fn: Any = None) -> 
         save_fn: ``save_fn(state_dict, save_dir)`` that writes the adapter; default: the PEFT format of
             ``paddlenlp_ext.peft.lora.save_lora`` (``adapter_model.safetensors`` with ``base_model.model.``
             keys + ``adapter_config.json``).
+        base_model_name_or_path: written into ``adapter_config.json`` (default: the model config's
+            ``_name_or_path`` / ``name_or_path`` when present), as ``save_lora`` does.
 
     Returns:
         The gathered ``{name: tensor}`` on rank 0 (empty elsewhere).
     """
     sd = full_state_dict(model, trainable_only=True)
     if _rank() == 0:
-        (save_fn or _write_peft_adapter(model))(sd, save_dir)
+        (save_fn or _write_peft_adapter(model, base_model_name_or_path))(sd, save_dir)
     _barrier()
     return sd
 
 
-def _write_peft_adapter(model: nn.Module):
+def _write_peft_adapter(model: nn.Module, base: str | None = None):
     """A writer for the PEFT layout that ``paddlenlp_ext.peft.lora.save_lora`` produces, from gathered tensors."""
     import json
 
@@ -128,11 +131,11 @@ def _write_peft_adapter(model: nn.Module):
             raise ValueError("save_full_adapters: the model has no trainable LoRA tensors (call apply_lora first)")
         cfg = getattr(model, "lora_config", None) or peft_lora._infer_config(model)
         mcfg = getattr(model, "config", None)
-        base = getattr(mcfg, "_name_or_path", None) or getattr(mcfg, "name_or_path", None)
+        name = base or getattr(mcfg, "_name_or_path", None) or getattr(mcfg, "name_or_path", None)
         os.makedirs(save_dir, exist_ok=True)
         tensors = {peft_lora._PEFT_PREFIX + k: v.contiguous() for k, v in sd.items()}
         save_file(tensors, os.path.join(save_dir, peft_lora.ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
         with open(os.path.join(save_dir, peft_lora.ADAPTER_CONFIG_NAME), "w") as f:
-            json.dump(peft_lora._peft_config_dict(model, cfg, base), f, indent=2, sort_keys=True)
+            json.dump(peft_lora._peft_config_dict(model, cfg, name), f, indent=2, sort_keys=True)
 
     return write
