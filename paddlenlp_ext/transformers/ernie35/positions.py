@@ -5,8 +5,9 @@ Source: PaddleNLP ``llm/experimental/ernie-3.5-se/modeling.py`` (``RotaryEmbeddi
 
 PaddleNLP applies the random/interval scheme only when ``position_ids`` is None; packed batches always carry
 ``position_ids`` (restarting at 0 per example), so here the scheme is applied *per example* of a pack: each
-segment that starts at position 0 gets its own table ``T`` (training: ``sort(permutation(max_pos)[:n])``;
-eval: ``times * (i + 1) - 1``) and token position ``p`` becomes ``T[p]``. A DPO pack's prompt/chosen/rejected
+segment that starts at position 0 gets its own table ``T`` (training: ``n`` sorted distinct draws from
+``[0, max_pos)`` by a ``numpy.random.default_rng(seed)``; eval: ``times * (i + 1) - 1``) and token position ``p``
+becomes ``T[p]``. A DPO pack's prompt/chosen/rejected
 share one segment (their positions continue from the prompt), so chosen and rejected tokens at the same logical
 position get the same physical position. Without ``position_ids`` the whole row is one segment and the result is
 PaddleNLP's, draw for draw (one draw shared by all rows).
@@ -64,11 +65,16 @@ def _interval_table(n: int, max_pos: int) -> np.ndarray:
     return times * (np.arange(n, dtype=np.int64) + 1) - 1
 
 
-def _random_table(rng: np.random.RandomState, n: int, max_pos: int) -> np.ndarray:
+def _random_table(rng, n: int, max_pos: int) -> np.ndarray:
+    """``n`` sorted distinct positions from ``[0, max_pos)``. ``RandomState``: PaddleNLP's exact draw
+    (``sort(permutation(max_pos)[:n])``); ``Generator`` (packed path): ``choice`` without replacement, which does
+    not shuffle all ``max_pos`` ids per segment (padding tokens are one-token segments)."""
     if n > max_pos:
         raise ValueError(f"ERNIE random position ids: a sequence of {n} positions exceeds "
                          f"max_position_embeddings={max_pos}; raise max_position_embeddings or shorten max_length")
-    return np.sort(rng.permutation(max_pos)[:n]).astype(np.int64)
+    if isinstance(rng, np.random.RandomState):
+        return np.sort(rng.permutation(max_pos)[:n]).astype(np.int64)
+    return np.sort(rng.choice(max_pos, size=n, replace=False)).astype(np.int64)
 
 
 def resolve_position_ids(position_ids: torch.Tensor | None, batch: int, seq_len: int, *, max_pos: int,
@@ -97,7 +103,7 @@ def resolve_position_ids(position_ids: torch.Tensor | None, batch: int, seq_len:
         return position_ids
     rows = position_ids.detach().cpu().numpy()
     out = np.empty_like(rows, dtype=np.int64)
-    rng = np.random.RandomState(seed)
+    rng = np.random.default_rng(seed)
     for b, row in enumerate(rows):
         starts = np.flatnonzero(row == 0)
         if starts.size == 0 or starts[0] != 0:
