@@ -13,9 +13,11 @@ Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1`` (fp32/fp16 only; used by th
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import triton
+import triton.runtime.errors  # noqa: F401  (OutOfResources)
 
 from .triton_bwd import _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel
 from .triton_fwd import _flashmask_fwd_kernel
@@ -58,7 +60,9 @@ def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
     if d_pad <= 64:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
     if d_pad <= 128:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+        # H200 sweep (docs/kernel_notes.md): 128x128/8 warps is fastest; 3 stages overflow shared memory by 1 KiB
+        # with C=4 masks, 2 stages cost ~2 %
+        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
@@ -77,14 +81,25 @@ def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_warps=4, dq_stages=1)
-    if d_pad <= 64:
-        return dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=32, dq_warps=4, dq_stages=3)
     if d_pad <= 128:
-        return dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=32, dq_warps=8, dq_stages=2)
+        # H200 sweep (docs/kernel_notes.md): 64 query rows x 128 keys, 8 warps, 2 stages was best of 5 at D=128
+        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2,
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_warps=8, dq_stages=2)
     return dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1,
                 DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_warps=8, dq_stages=1)
+
+
+def _launch(kernel, grid, *args, **kwargs):
+    """Launch; if the tile config needs more shared memory than the GPU has (e.g. a C=4 mask on top of a
+    3-stage pipeline), retry once with ``num_stages=1`` (same tiles, so the block lists stay valid)."""
+    try:
+        kernel[grid](*args, **kwargs)
+    except triton.runtime.errors.OutOfResources:
+        if kwargs.get("num_stages", 1) == 1:
+            raise
+        warnings.warn(f"{kernel.fn.__name__}: out of shared memory with num_stages={kwargs['num_stages']}, "
+                      "retrying with num_stages=1", RuntimeWarning, stacklevel=3)
+        kernel[grid](*args, **dict(kwargs, num_stages=1))
 
 
 def _flags(mv: MaskVectors, causal: bool, dtype: torch.dtype) -> dict:
@@ -102,7 +117,7 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     grid = (idx.shape[1], b * h_q)
-    _flashmask_fwd_kernel[grid](
+    _launch(_flashmask_fwd_kernel, grid,
         q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
@@ -131,7 +146,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
     idx, n_part, n_full = mv.block_lists(bm, bn, by_key=True)  # [L, NUM_N, NUM_M]
     sdq = dqa.stride() if atomic else (0, 0, 0)
-    _flashmask_bwd_dkdv_kernel[(idx.shape[1], b * h_k)](
+    _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
         q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
@@ -146,7 +161,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     dq = torch.empty_like(q)
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
     idx2, n_part2, n_full2 = mv.block_lists(bm2, bn2, by_key=False)
-    _flashmask_bwd_dq_kernel[(idx2.shape[1], b * h_q)](
+    _launch(_flashmask_bwd_dq_kernel, (idx2.shape[1], b * h_q),
         q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
