@@ -16,8 +16,11 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int, device) -> torch.Tensor:
-    """FlashMask vectors of a sliding window, int32 ``[batch, 1, seq_len, C]``.
+def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int, device,
+                            seq_q: int | None = None) -> torch.Tensor:
+    """FlashMask vectors of a sliding window, int32 ``[batch, 1, seq_len, C]`` (``seq_len`` = S_k).
+
+    Row indices are clamped to ``seq_q`` (default ``seq_len``), the number of query rows.
 
     ``causal=True``: ``window_size`` is ``w`` (or ``(w, 0)``); query i sees keys ``[i-w, i]``, LTS_j = min(j+w+1, S).
     ``causal=False``: ``window_size`` is ``(wl, wr)``; query i sees keys ``[i-wl, i+wr]``,
@@ -28,17 +31,18 @@ def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int,
     else:
         wl, wr = window_size
     _check(wl >= 0 and wr >= 0, f"window_size must be non-negative, got {window_size}")
+    seq_q = seq_len if seq_q is None else seq_q
     j = torch.arange(seq_len, device=device)
-    lts = torch.clamp(j + wl + 1, max=seq_len)
+    lts = torch.clamp(j + wl + 1, max=seq_q)
     if causal:
         _check(wr == 0, f"causal sliding window takes window_size=w or (w, 0), got {window_size}")
         vec = lts[:, None]
     else:
-        vec = torch.stack([lts, torch.clamp(j - wr, min=0)], dim=-1)
+        vec = torch.stack([lts, torch.clamp(j - wr, min=0, max=seq_q)], dim=-1)
     return vec.to(torch.int32)[None, None].expand(batch, 1, seq_len, vec.shape[-1]).contiguous()
 
 
-def _validate(query, key, value, sri, causal, impl):
+def _validate_qkv(query, key, value, causal, impl):
     _check(impl in _IMPLS, f"impl must be one of {_IMPLS}, got {impl!r}")
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -57,8 +61,13 @@ def _validate(query, key, value, sri, causal, impl):
     _check(h_k > 0 and h_q % h_k == 0, f"query heads ({h_q}) must be a multiple of key/value heads ({h_k})")
     if causal:
         _check(s_q == s_k, f"causal=True requires seq_q == seq_k, got seq_q={s_q}, seq_k={s_k}")
+
+
+def _validate_startend(query, key, sri, causal):
     if sri is None:
         return
+    b, s_q = query.shape[:2]
+    s_k, h_k = key.shape[1], key.shape[2]
     _check(isinstance(sri, torch.Tensor) and sri.dim() == 4,
            f"startend_row_indices must be a 4-D tensor [batch, heads_mask, seq_k, C], got "
            f"{list(sri.shape) if isinstance(sri, torch.Tensor) else type(sri).__name__}")
@@ -121,10 +130,12 @@ def flashmask_attention(
     Source: Paddle ``flashmask_attention`` and FlashMask (Wang et al., ICLR 2025, arXiv 2410.01359).
     """
     _check(dropout == 0.0, f"dropout must be 0.0: FlashMask attention dropout is not implemented, got {dropout}")
+    _validate_qkv(query, key, value, causal, impl)
     if window_size is not None:
         _check(startend_row_indices is None, "window_size and startend_row_indices cannot be combined")
-        startend_row_indices = sliding_window_startend(window_size, key.shape[1], causal, query.shape[0], query.device)
-    _validate(query, key, value, startend_row_indices, causal, impl)
+        startend_row_indices = sliding_window_startend(window_size, key.shape[1], causal, query.shape[0],
+                                                       query.device, seq_q=query.shape[1])
+    _validate_startend(query, key, startend_row_indices, causal)
     scale = query.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
 
     if impl == "auto":
