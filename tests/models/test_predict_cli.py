@@ -1,0 +1,36 @@
+"""llm/predict.py end to end on a tiny random Llama that uses the real SmolLM2 tokenizer (chat template)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+
+import torch
+from _llama_testing import tiny_model
+
+from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
+from paddlenlp_ext.transformers.generation import chat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load_predict():
+    spec = importlib.util.spec_from_file_location("llm_predict", os.path.join(ROOT, "llm", "predict.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_predict_prompt_prints_the_chat_reply(tmp_path, capsys):
+    tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # converted once, cached
+    model = tiny_model(vocab_size=49152, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path / "m")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(tok_dir, name), tmp_path / "m" / name)
+    rc = _load_predict().main(["--model_name_or_path", str(tmp_path / "m"), "--prompt", "Hello there",
+                               "--max_new_tokens", "6", "--num_threads", str(torch.get_num_threads())])
+    out = capsys.readouterr()
+    assert rc == 0 and "tokens/s" in out.err
+    expected = chat(model, AutoTokenizer.from_pretrained(str(tmp_path / "m")), "Hello there", max_new_tokens=6)
+    assert out.out == expected + "\n"
