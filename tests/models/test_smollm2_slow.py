@@ -103,3 +103,20 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(smollm2):
         theirs = ref(text, add_special_tokens=False).input_ids
         assert ours == theirs, text
         assert tokenizer.decode(ours) == text
+
+
+def test_weights_equal_transformers_gguf_loader(smollm2):
+    """Our GGUF conversion (names, un-permuted q/k, tied head) equals transformers' own GGUF loader."""
+    path, model, _ = smollm2
+    from paddlenlp_ext.transformers.gguf_import import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf),
+                                                            dtype=torch.float32, local_files_only=True)
+    cache_dtype = getattr(torch, json.load(open(os.path.join(path, "config.json")))["torch_dtype"])
+    ours = model.state_dict()
+    theirs = ref.state_dict()
+    assert set(theirs) <= set(ours) | {"lm_head.weight"} and len(ours) == len(theirs)
+    for name, w in theirs.items():
+        # The cache stores dequantized weights in cache_dtype; rounding theirs the same way must be exact.
+        assert torch.equal(ours[name], w.to(cache_dtype).float()), name
