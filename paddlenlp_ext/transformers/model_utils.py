@@ -219,15 +219,21 @@ class PretrainedMixin:
         """Build the model from a HF directory (config.json + single or sharded safetensors) on CPU.
 
         Args:
-            model_dir: local directory (no hub downloads).
+            model_dir: local directory, or ``HuggingFaceTB/SmolLM2-135M-Instruct`` (the embedded default model,
+                see :func:`paddlenlp_ext.transformers.resolve_model_name_or_path`); no hub downloads.
             dtype: parameter dtype after loading (default fp32).
             config: use this config instead of ``<model_dir>/config.json``.
             config_overrides: fields replaced in the loaded config (e.g. ``recompute=True``).
 
         Raises:
-            FileNotFoundError: missing config.json / weights; ValueError: weights do not fit the config.
+            FileNotFoundError: missing config.json / weights; ValueError: weights do not fit the config, or
+            ``model_dir`` is neither a directory nor the embedded model's name.
         """
         dtype = to_torch_dtype(dtype)
+        if not os.path.isdir(model_dir):  # the embedded default model's name, or a clear "no hub" error
+            from .auto import resolve_model_name_or_path
+
+            model_dir = resolve_model_name_or_path(model_dir)
         if config is None:
             config = cls.config_class.from_pretrained(model_dir, **config_overrides)
         with torch.device("meta"):  # no double allocation: tensors are assigned from the checkpoint

@@ -99,6 +99,8 @@ def test_load_errors_are_clear(tmp_path):
         LlamaForCausalLM.from_pretrained(tmp_path / "m")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         LlamaForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no hub downloads"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "does-not-exist")
 
 
 def test_kv_cache_generation_equals_full_recompute():
