@@ -144,6 +144,11 @@ def run(args) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import flex_attention
 
+    # One compile per S and mask_mod; without a higher limit the third S hit dynamo's recompile limit and flex ran
+    # eagerly (math path, [B,H,S,S] scores: OOM at S=16K in the 2026-11-30 run).
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
     flex = torch.compile(flex_attention, dynamic=False)
     h, d, dt = args.heads, args.head_dim, torch.bfloat16
     scale = d ** -0.5
