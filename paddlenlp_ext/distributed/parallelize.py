@@ -182,9 +182,16 @@ def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
     """
     from torch.distributed.tensor.parallel import parallelize_module
 
+    names = {n for n, _ in model.named_modules()}
+    fused = sorted(n for n in names if n.endswith("qkv_gate_up_proj"))
+    if fused:
+        # Rank r must hold [QKV_r | G_r | U_r] of the fused [3H + 2I, H] weight: no single DTensor placement
+        # gives that, and the ERNIE attention reshapes with the global head count.
+        raise ValueError(f"tensor_parallel_degree={parallel_dims.tp}: tensor parallelism of ERNIE's fused "
+                         f"qkv_gate_up_proj ({fused[0]}, ...) is not implemented; use sharding (FSDP) with "
+                         f"tensor_parallel_degree=1 for ERNIE-3.5-SE")
     tied = _is_tied(model)
     plan = llama_tp_plan(model, parallel_dims)
-    names = {n for n, _ in model.named_modules()}
     for fqn in plan:
         pattern = re.compile("^" + re.escape(fqn).replace(r"\*", r"\d+") + "$")
         if not any(pattern.match(n) for n in names):

@@ -56,6 +56,7 @@ def ref(tmp):
         {"name": "ref_micro4", "end": 4, "micro": 4},
         {"name": "lora", "end": 3, "lora": True, "adapters": str(tmp / "lora_ref")},
         {"name": "clip", "end": 3, "clip": 1.0},
+        {"name": "ernie", "end": 3, "model": "ernie"},
     ]
     return _run(spec, 1, tmp)
 
@@ -90,6 +91,7 @@ def world2(tmp, ref):
         {"name": "lora_tp", "layout": tp, "end": 3, "lora": True, "adapters": str(tmp / "lora_tp")},
         {"name": "tp_clip", "layout": tp, "end": 3, "clip": 1.0},
         {"name": "tp_clip_torch", "layout": tp, "end": 3, "clip": 1.0, "clip_impl": "torch"},
+        {"name": "ernie_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "ernie"},
     ]
     return _run(spec, 2, tmp)
 
@@ -124,6 +126,11 @@ def _assert_close(got: dict, want: dict, tol: float, lo: int = 0, hi: int | None
 @pytest.mark.parametrize("name", ["fsdp", "fsdp_stage3", "dp", "tp", "tp_loss_parallel", "tp_sequence_parallel"])
 def test_two_ranks_match_one_process(world2, ref, tol, name):
     _assert_close(world2[name], ref["ref"], tol)
+
+
+def test_ernie_fsdp(world2, ref, tol):
+    """ERNIE-3.5-SE (head attention / fused parallel / tail FFN layers) sharded per layer."""
+    _assert_close(world2["ernie_fsdp"], ref["ernie"], tol)
 
 
 @pytest.mark.parametrize("name", ["tp_tied", "fsdp_tied"])

@@ -88,3 +88,13 @@ def test_dp_slice_rejects_uneven_batch():
     d.dp = 3  # pretend: no mesh needed for the size check
     with pytest.raises(ValueError, match="does not split over data-parallel world size 3"):
         dp_slice(4, d)
+
+
+def test_ernie_fused_projection_rejected_under_tp():
+    from paddlenlp_ext.distributed import apply_tp
+    from paddlenlp_ext.transformers.ernie35 import Ernie35Config, Ernie35ForCausalLM
+
+    model = Ernie35ForCausalLM(Ernie35Config(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=3, num_attention_heads=4))
+    with pytest.raises(ValueError, match="fused qkv_gate_up_proj .* is not implemented; use sharding"):
+        apply_tp(model, dims(world_size=2, tp=2))

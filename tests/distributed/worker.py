@@ -52,6 +52,12 @@ def build_model(tied: bool, kind: str = "llama"):
         from tiny_llama import TinyConfig, TinyLlamaForCausalLM
 
         return TinyLlamaForCausalLM(TinyConfig(tie_word_embeddings=tied))
+    if kind == "ernie":  # head attention layer, one fused parallel layer, tail FFN layer
+        from paddlenlp_ext.transformers.ernie35 import Ernie35Config, Ernie35ForCausalLM
+
+        return Ernie35ForCausalLM(Ernie35Config(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=3, num_attention_heads=4,
+                                                max_position_embeddings=64))
     from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
