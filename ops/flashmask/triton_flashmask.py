@@ -218,9 +218,13 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
 
     Raises:
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
+        ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16).
     """
     if not q.is_cuda and not _interpreting():
         raise RuntimeError(
             "flashmask_attention_triton needs CUDA tensors, or TRITON_INTERPRET=1 set before importing triton "
             "(CPU interpreter, slow; fp32/fp16 only). Use impl='reference' on CPU.")
+    if not q.is_cuda and q.dtype == torch.bfloat16:
+        raise ValueError("flashmask_attention_triton on CPU (TRITON_INTERPRET=1) supports float32/float16 only: "
+                         "the interpreter gives wrong bf16 results. Cast to float32 or use impl='reference'.")
     return FlashMaskTritonFunction.apply(q, k, v, startend_row_indices, causal, softmax_scale, deterministic)

@@ -206,6 +206,15 @@ def test_deterministic_bitwise_and_api():
     assert torch.equal(out, a[0])
 
 
+def test_bf16_rejected_on_cpu():
+    """The interpreter's bf16 math is wrong, so bf16 on CPU raises a ValueError naming the fix."""
+    if DEV == "cuda":
+        pytest.skip("CUDA present")
+    q, k, v, _ = make_qkv(1, 4, 4, 1, 1, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match="float32/float16"):
+        flashmask_attention_triton(q, k, v, None, True, 0.25, False)
+
+
 def test_interpreter_guard_message():
     """Without CUDA and without TRITON_INTERPRET the Triton path raises a RuntimeError that says what to do."""
     if DEV == "cuda":
