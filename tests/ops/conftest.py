@@ -1,21 +1,19 @@
 """Op-test fixtures: NaN-poisoned allocations.
 
 Inside every test of ``tests/ops`` ``torch.empty`` / ``torch.empty_like`` return floating tensors filled
-with NaN (integer tensors with -7777), so a kernel that leaves part of its output unwritten fails the
+with NaN (signed integer tensors with their most negative value, unsigned ones with their largest), so a kernel that leaves part of its output unwritten fails the
 comparison instead of passing on lucky zeros (METHOD.md: "poison the output").
 """
 
 import pytest
 import torch
 
-_INT_POISON = -7777
-
-
 def _poison(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point() or t.is_complex():
         t.fill_(float("nan"))
     elif t.dtype != torch.bool and t.numel():
-        t.fill_(_INT_POISON)
+        info = torch.iinfo(t.dtype)
+        t.fill_(info.min if info.min < 0 else info.max)
     return t
 
 
