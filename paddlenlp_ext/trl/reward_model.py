@@ -103,13 +103,15 @@ class LlamaForScore(nn.Module):
         model.load_state_dict({**trunk, "score.weight": score}, strict=True, assign=True)
         return model.eval()
 
-    def save_pretrained(self, save_dir: str, dtype=None) -> None:
+    def save_pretrained(self, save_dir: str, dtype=None, state_dict: dict | None = None) -> None:
         """Write a Hugging Face ``LlamaForSequenceClassification`` directory (``num_labels = 1``).
 
-        Weights: the trunk's ``model.*`` and ``score.weight`` (``[1, hidden]``); no ``lm_head``.
+        Weights: the trunk's ``model.*`` and ``score.weight`` (``[1, hidden]``); no ``lm_head``. ``state_dict``
+        replaces ``self.state_dict()`` (a gathered full state dict under FSDP).
         """
         dtype = to_torch_dtype(dtype)
-        sd = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in self.state_dict().items()}
+        sd = self.state_dict() if state_dict is None else state_dict
+        sd = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in sd.items()}
         cfg = self.config.to_dict()
         arch = "LlamaForSequenceClassification" if self.config.model_type == "llama" else "Ernie35ForSequenceClassification"
         cfg.update({"architectures": [arch], "num_labels": 1, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},

@@ -1,0 +1,148 @@
+"""DPO launcher: ``python llm/run_dpo.py config.json [--key value ...]``.
+
+PyTorch counterpart of PaddleNLP ``llm/alignment/dpo/run_dpo.py``: same keys (``DPOModelArgument``,
+``DPODataArgument``, ``DPOTrainingArguments``, ``DPOConfig``; ``config/llama/flashmask/dpo.json`` parses as is),
+same coercions (``finalize_dpo_args``: ``orpo`` -> ``or`` + reference-free + SFT term, ...), same flow:
+policy from ``model_name_or_path``; reference = a frozen copy, or the policy with LoRA disabled (``lora``), or
+none (``reference_free``), or log-probs precomputed once (``precompute_reference_logps``, ours); train/dev
+preference jsonl packed with ZeroPadding into share-question packs; DPO training; final save (full model, or the
+PEFT adapter under ``lora``). With ``do_eval`` the dev metrics (rewards/accuracies, rewards/margins, ...) are
+measured before and after training and printed in the final ``[summary]`` line.
+
+Differences from PaddleNLP: the tokenizer's chat template is used (``chat_template: "none"`` gives PaddleNLP's
+raw encoding); log-probs sum every token of both responses (see ``paddlenlp_ext.trl.dpo_criterion``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+
+from paddlenlp_ext.trainer import set_seed
+from paddlenlp_ext.trainer.logging_utils import setup_logging
+from paddlenlp_ext.trl.arguments import parse_dpo_args
+
+logger = logging.getLogger("paddlenlp_ext.run_dpo")
+
+_EVAL_KEYS = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen",
+              "eval_rewards/rejected", "eval_logps/chosen", "eval_logps/rejected")
+
+
+def _parallel_dims(training_args):
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from paddlenlp_ext.distributed import init_distributed
+
+    return init_distributed(training_args)
+
+
+def build_policy(model_args, training_args, dpo_config):
+    """fp32 policy (bf16 via autocast on CUDA); LoRA adapters applied when ``dpo_config.lora``."""
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is required (a local HF directory or "
+                         "'HuggingFaceTB/SmolLM2-135M-Instruct')")
+    model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=torch.float32,
+                                                 recompute=training_args.recompute)
+    if dpo_config.lora:
+        from paddlenlp_ext.peft import apply_lora
+
+        model = apply_lora(model, model_args)
+        n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info("LoRA: %d trainable parameters of %d", n, sum(p.numel() for p in model.parameters()))
+    return model
+
+
+def _lora_plus_optimizer(model, model_args, training_args, dpo_config):
+    if not (dpo_config.lora and model_args.lora_plus_scale != 1.0):
+        return None
+    from paddlenlp_ext.peft import lora_param_groups
+
+    groups = lora_param_groups(model, training_args.learning_rate, model_args.lora_plus_scale,
+                               training_args.weight_decay)
+    return torch.optim.AdamW(groups, lr=training_args.learning_rate, eps=training_args.adam_epsilon,
+                             betas=(training_args.adam_beta1, training_args.adam_beta2))
+
+
+def _pick(metrics: dict) -> dict:
+    return {k: round(float(metrics[k]), 5) for k in _EVAL_KEYS if k in metrics}
+
+
+def main(argv=None) -> dict:
+    """Run the DPO job; returns the summary dict it prints."""
+    start = time.perf_counter()
+    setup_logging(int(os.environ.get("RANK", "0")))
+    model_args, data_args, training_args, dpo_config = parse_dpo_args(argv)
+    parallel_dims = _parallel_dims(training_args)
+    set_seed(training_args.seed)
+
+    from paddlenlp_ext.datasets.preference import PreferenceCollator, create_preference_datasets
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from paddlenlp_ext.trl.dpo_trainer import DPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
+    model = build_policy(model_args, training_args, dpo_config)
+    ref_model = None
+    if not (dpo_config.reference_free or dpo_config.lora or dpo_config.precompute_reference_logps):
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # PaddleNLP: from_config + set_state_dict
+    if parallel_dims is not None:
+        from paddlenlp_ext.distributed import parallelize_model
+
+        model = parallelize_model(model, parallel_dims, training_args)
+        if ref_model is not None:
+            ref_model = parallelize_model(ref_model, parallel_dims, training_args)
+    datasets = create_preference_datasets(data_args, tokenizer, layout="dpo")
+    train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
+    for split, ds in datasets.items():
+        if hasattr(ds, "__len__"):
+            logger.info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_seq_len)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    trainer = DPOTrainer(model, training_args, dpo_config=dpo_config, ref_model=ref_model, train_dataset=train_ds,
+                         eval_dataset=dev_ds, data_collator=PreferenceCollator(data_args.max_seq_len, pad),
+                         tokenizer=tokenizer, parallel_dims=parallel_dims)
+    trainer.optimizer = _lora_plus_optimizer(trainer.model, model_args, training_args, dpo_config)
+    if dpo_config.precompute_reference_logps:
+        for ds in (train_ds, dev_ds):
+            if ds is not None:
+                trainer.precompute_reference_logps(ds)
+
+    summary: dict = {"output_dir": training_args.output_dir, "loss_type": dpo_config.loss_type}
+    do_eval = training_args.do_eval and dev_ds is not None
+    if do_eval:
+        summary["dev_before"] = _pick(trainer.evaluate())
+    if training_args.do_train:
+        if train_ds is None:
+            raise ValueError("do_train=true needs train_dataset_path")
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
+                       train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+        if not (training_args.benchmark or training_args.autotuner_benchmark):
+            if dpo_config.lora:
+                from paddlenlp_ext.peft import save_lora
+
+                if trainer.dp.is_main:
+                    save_lora(trainer.model, training_args.output_dir,
+                              base_model_name_or_path=model_args.model_name_or_path)
+                    tokenizer.save_pretrained(training_args.output_dir)
+            else:
+                trainer.save_model()
+            summary["saved_to"] = os.path.abspath(training_args.output_dir)
+    if do_eval:
+        summary["dev_after"] = _pick(trainer.evaluate())
+    summary["wall_time_s"] = round(time.perf_counter() - start, 1)
+    if trainer.dp.is_main:
+        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,100 @@
+"""Reward-model launcher: ``python llm/run_reward.py config.json [--key value ...]``.
+
+PyTorch counterpart of PaddleNLP ``llm/alignment/rm/run_reward.py`` (outcome RM): same keys (``RMModelArgument``,
+``RMDataArgument``, ``RMTrainingArguments``; ``config/llama/flashmask/rm.json`` parses as is), same flow: a
+Llama (or ERNIE) trunk from ``model_name_or_path`` plus a scalar ``score`` head, preference pairs packed
+prompt | chosen | rejected (share-question mask), Bradley-Terry loss ``-log sigmoid(s_c - s_r)`` with scores read
+at each response's last token, ``accuracy`` metric on the dev set (before and after training with ``do_eval``).
+The model is saved as a Hugging Face ``LlamaForSequenceClassification`` directory (``num_labels = 1``), so
+``transformers.AutoModelForSequenceClassification.from_pretrained(output_dir)`` scores text the same.
+
+Differences from PaddleNLP: no BOS before each response, multi-turn history kept in order, the tokenizer's chat
+template used (``chat_template: "none"`` for raw encoding); ``benchmark: true`` (set in rm.json) still skips the
+final save, as in PaddleNLP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+
+from paddlenlp_ext.trainer import set_seed
+from paddlenlp_ext.trainer.logging_utils import setup_logging
+from paddlenlp_ext.trl.arguments import parse_rm_args
+
+logger = logging.getLogger("paddlenlp_ext.run_reward")
+
+_EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_margin", "eval_chosen_score", "eval_rejected_score")
+
+
+def _parallel_dims(training_args):
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from paddlenlp_ext.distributed import init_distributed
+
+    return init_distributed(training_args)
+
+
+def main(argv=None) -> dict:
+    """Run the RM job; returns the summary dict it prints."""
+    start = time.perf_counter()
+    setup_logging(int(os.environ.get("RANK", "0")))
+    model_args, data_args, training_args = parse_rm_args(argv)
+    parallel_dims = _parallel_dims(training_args)
+    set_seed(training_args.seed)
+
+    from paddlenlp_ext.datasets.preference import PreferenceCollator, create_preference_datasets
+    from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
+    from paddlenlp_ext.trl.reward_model import LlamaForScore
+    from paddlenlp_ext.trl.rm_trainer import RewardTrainer
+
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is required (a local HF directory or "
+                         "'HuggingFaceTB/SmolLM2-135M-Instruct')")
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
+    path = resolve_model_name_or_path(model_args.model_name_or_path)
+    model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
+    if parallel_dims is not None:
+        from paddlenlp_ext.distributed import parallelize_model
+
+        model = parallelize_model(model, parallel_dims, training_args)
+    datasets = create_preference_datasets(data_args, tokenizer, layout="rm")
+    train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
+    for split, ds in datasets.items():
+        if hasattr(ds, "__len__"):
+            logger.info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_seq_len)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    trainer = RewardTrainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
+                            data_collator=PreferenceCollator(data_args.max_seq_len, pad), tokenizer=tokenizer,
+                            parallel_dims=parallel_dims)
+
+    summary: dict = {"output_dir": training_args.output_dir}
+    do_eval = training_args.do_eval and dev_ds is not None
+    if do_eval:
+        summary["dev_before"] = {k: round(v, 5) for k, v in trainer.evaluate().items() if k in _EVAL_KEYS}
+    if training_args.do_train:
+        if train_ds is None:
+            raise ValueError("do_train=true needs train_dataset_path")
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
+                       train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+        if not (training_args.benchmark or training_args.autotuner_benchmark):
+            trainer.save_model()
+            summary["saved_to"] = os.path.abspath(training_args.output_dir)
+    if do_eval:
+        summary["dev_after"] = {k: round(v, 5) for k, v in trainer.evaluate().items() if k in _EVAL_KEYS}
+    summary["wall_time_s"] = round(time.perf_counter() - start, 1)
+    if trainer.dp.is_main:
+        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
