@@ -1,0 +1,97 @@
+"""DPOTrainer reference sources: LoRA-disabled policy, frozen copy, precomputed log-probs; RM trainer loss."""
+
+import copy
+
+import torch
+
+from paddlenlp_ext.datasets.preference import PreferenceCollator
+from paddlenlp_ext.datasets.zero_padding import ZeroPaddingMapDataset
+from paddlenlp_ext.peft import apply_lora
+from paddlenlp_ext.trainer.arguments import TrainingArguments
+from paddlenlp_ext.transformers.llama import LlamaForCausalLM
+from paddlenlp_ext.trl.arguments import DPOConfig
+from paddlenlp_ext.trl.dpo_trainer import DPOTrainer, policy_pair_logps
+from paddlenlp_ext.trl.reward_model import LlamaForScore, bradley_terry_loss
+from paddlenlp_ext.trl.rm_trainer import RewardTrainer
+from tests.trl._stub_tokenizer import WordTokenizer
+from tests.trl.test_packed_equivalence import EXAMPLES, L, _config, _records
+
+
+def _dataset(layout):
+    return ZeroPaddingMapDataset(_records(WordTokenizer(), EXAMPLES, layout), max_length=L)
+
+
+def _args(tmp_path):
+    return TrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to=["none"], device="cpu")
+
+
+def test_lora_reference_is_base_model(tmp_path):
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(_config())
+    model = apply_lora(copy.deepcopy(base), {"lora_rank": 4})
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            p.data.normal_(0, 0.5)  # make the adapters matter
+    trainer = DPOTrainer(model, _args(tmp_path), dpo_config=DPOConfig(lora=True),
+                         data_collator=PreferenceCollator(L))
+    batch = PreferenceCollator(L)([_dataset("dpo")[0]])
+    ref = trainer.reference_pair_logps(batch)
+    with torch.no_grad():
+        want = policy_pair_logps(base, batch)
+        pol = policy_pair_logps(model, batch)
+    torch.testing.assert_close(ref.chosen, want.chosen, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ref.rejected, want.rejected, rtol=0, atol=1e-6)
+    assert not torch.allclose(pol.chosen, want.chosen)
+
+
+def test_precomputed_reference_equals_live_reference(tmp_path):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config())
+    ref = copy.deepcopy(model)
+    collate = PreferenceCollator(L)
+    ds = _dataset("dpo")
+    live = DPOTrainer(model, _args(tmp_path), dpo_config=DPOConfig(), ref_model=ref, data_collator=collate)
+    batch = collate([ds[0]])
+    loss_live, n, m_live = live.compute_loss(model, batch)
+    pre = DPOTrainer(model, _args(tmp_path), dpo_config=DPOConfig(precompute_reference_logps=True),
+                     data_collator=collate)
+    assert pre.precompute_reference_logps(ds) == 3
+    batch = collate([ds[0]])
+    assert "reference_chosen_logps" in batch and batch["reference_chosen_logps"].shape == (3,)
+    loss_pre, n2, m_pre = pre.compute_loss(model, batch)
+    assert n == n2 == 3
+    torch.testing.assert_close(loss_pre, loss_live, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(m_pre["rewards/margins"], torch.tensor(0.0), atol=1e-5, rtol=0)  # policy == ref
+
+
+def test_ref_model_update_steps_copies_policy(tmp_path):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config())
+    ref = copy.deepcopy(model)
+    args = _args(tmp_path)
+    args.learning_rate = 1e-2
+    cfg = DPOConfig(ref_model_update_steps=2)
+    trainer = DPOTrainer(model, args, dpo_config=cfg, ref_model=ref, train_dataset=_dataset("dpo"),
+                         data_collator=PreferenceCollator(L))
+    trainer.args.max_steps = 1
+    trainer.train()
+    w = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(ref.state_dict()[w], model.state_dict()[w])  # step 1: not copied
+    trainer.state.global_step = 1
+    trainer.args.max_steps = 2
+    trainer.train()
+    assert torch.equal(ref.state_dict()[w], model.state_dict()[w])  # step 2: copied
+
+
+def test_reward_trainer_loss_is_bradley_terry(tmp_path):
+    torch.manual_seed(0)
+    rm = LlamaForScore(_config())
+    collate = PreferenceCollator(L)
+    batch = collate([_dataset("rm")[0]])
+    trainer = RewardTrainer(rm, _args(tmp_path), data_collator=collate)
+    loss_sum, n, metrics = trainer.compute_loss(rm, batch)
+    s_c, s_r = rm.pair_scores(batch)
+    assert n == 3
+    torch.testing.assert_close(loss_sum, bradley_terry_loss(s_c, s_r).sum())
+    torch.testing.assert_close(loss_sum, -torch.nn.functional.logsigmoid(s_c - s_r).sum())
+    assert metrics["accuracy"] == (s_c > s_r).float().sum()
