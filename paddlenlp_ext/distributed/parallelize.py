@@ -148,11 +148,13 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
     residual = Shard(1) if sp else Replicate()
 
     plan: dict[str, Any] = {}
+    has_head = isinstance(getattr(model, "lm_head", None), nn.Linear)  # a reward model has `score` instead
     if vocab_split:
         plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
-        plan["lm_head"] = ColwiseParallel(input_layouts=residual,
-                                          output_layouts=Shard(-1) if loss_par else Replicate(),
-                                          use_local_output=not loss_par)
+        if has_head:
+            plan["lm_head"] = ColwiseParallel(input_layouts=residual,
+                                              output_layouts=Shard(-1) if loss_par else Replicate(),
+                                              use_local_output=not loss_par)
     elif sp:
         raise ValueError(f"sequence_parallel needs vocab_size ({config.vocab_size}) divisible by "
                          f"tensor_parallel_degree ({parallel_dims.tp})")
@@ -245,7 +247,8 @@ def apply_fsdp(model: nn.Module, parallel_dims: ParallelDims, training_args: Any
     """``fully_shard`` each decoder layer, then the root; gradients are summed (divide factor 1).
 
     ``reshard_after_forward`` is True only for ``stage3``: stage1/stage2 keep each layer's gathered
-    parameters from forward to backward (no second all-gather), stage3 frees them after forward.
+    parameters from forward to backward (no second all-gather), stage3 frees them after forward. The root
+    group is never resharded after forward (torchtitan does the same).
 
     Gradients are reduced with SUM, not FSDP's default mean: the trainer divides every rank's loss by the
     token count summed over all data-parallel ranks, so the sum of per-rank gradients is the gradient of
@@ -264,7 +267,9 @@ def apply_fsdp(model: nn.Module, parallel_dims: ParallelDims, training_args: Any
     reshard = parallel_dims.sharding_stage == "stage3"
     for _, layer in layers:
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
-    fully_shard(model, reshard_after_forward=reshard, **kwargs)
+    # Root (embedding, final norm, heads): kept unsharded after forward in every stage; backward needs it at
+    # once, and heads used outside forward (a reward model's `score`) then see whole parameters.
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
             m.set_gradient_divide_factor(1.0)
@@ -311,3 +316,36 @@ def loss_parallel_context(parallel_dims: ParallelDims | None):
     from torch.distributed.tensor.parallel import loss_parallel
 
     return loss_parallel()
+
+
+def hidden_states_and_head(model: nn.Module, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final hidden states and the whole LM-head weight of a (possibly parallelized) causal LM.
+
+    For losses that apply ``lm_head.weight`` themselves in chunks (DPO log-probs). Calling ``model.model(...)``
+    directly breaks under FSDP2 (the root group holding the embedding is only gathered by the root's forward)
+    and ``lm_head.weight`` is a vocab-sharded ``DTensor`` under TP. Here the root forward runs with ``lm_head``
+    swapped for ``nn.Identity`` (FSDP hooks fire, gradients are reduced as usual), and the weight is
+    all-gathered over TP (its gradient, equal on all TP ranks, is sliced back).
+
+    Args:
+        model: ``forward(input_ids, **kwargs) -> lm_head(hidden)``, with an ``lm_head`` ``nn.Linear``.
+        input_ids: int64 ``[B, L]``; kwargs: ``position_ids``, ``attn_mask_startend_row_indices``.
+
+    Returns:
+        ``hidden`` ``[B, L, H]`` (plain tensor, full sequence) and ``weight`` ``[V, H]`` (plain tensor), both
+        differentiable.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
+    head = model.lm_head
+    model.lm_head = nn.Identity()
+    try:
+        hidden = model(input_ids, **kwargs)
+    finally:
+        model.lm_head = head
+    if isinstance(hidden, DTensor):  # sequence parallel: [B, L/tp, H] shards -> [B, L, H]
+        hidden = hidden.redistribute(hidden.device_mesh, [Replicate()] * hidden.device_mesh.ndim).to_local()
+    weight = head.weight
+    if isinstance(weight, DTensor):
+        weight = weight.full_tensor()
+    return hidden, weight

@@ -92,6 +92,9 @@ def world2(tmp, ref):
         {"name": "tp_clip", "layout": tp, "end": 3, "clip": 1.0},
         {"name": "tp_clip_torch", "layout": tp, "end": 3, "clip": 1.0, "clip_impl": "torch"},
         {"name": "ernie_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "ernie"},
+        {"name": "fsdp_hidden", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 4, "hidden_path": True},
+        {"name": "tp_sp_hidden_tied", "layout": {**tp, "sequence_parallel": True}, "end": 4, "hidden_path": True,
+         "tied": True},
     ]
     return _run(spec, 2, tmp)
 
@@ -111,6 +114,9 @@ def world4(tmp, world2):
                                                  "sequence_parallel": True}, "end": 3, "clip": 1.0},
         {"name": "fsdp_x_tp_clip_torch", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2}, "end": 3,
          "clip": 1.0, "clip_impl": "torch"},
+        {"name": "fsdp_x_tp_hidden_tied", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2,
+                                                     "tensor_parallel_output": True}, "end": 4, "hidden_path": True,
+         "tied": True},
     ]
     return _run(spec, 4, tmp)
 
@@ -126,6 +132,12 @@ def _assert_close(got: dict, want: dict, tol: float, lo: int = 0, hi: int | None
 @pytest.mark.parametrize("name", ["fsdp", "fsdp_stage3", "dp", "tp", "tp_loss_parallel", "tp_sequence_parallel"])
 def test_two_ranks_match_one_process(world2, ref, tol, name):
     _assert_close(world2[name], ref["ref"], tol)
+
+
+@pytest.mark.parametrize("world,name", [(2, "fsdp_hidden"), (2, "tp_sp_hidden_tied"), (4, "fsdp_x_tp_hidden_tied")])
+def test_hidden_states_and_head(world2, world4, ref, tol, world, name):
+    """DPO-style loss on hidden states x the whole head weight (``hidden_states_and_head``)."""
+    _assert_close((world2 if world == 2 else world4)[name], ref["ref_tied" if "tied" in name else "ref"], tol)
 
 
 def test_ernie_fsdp(world2, ref, tol):

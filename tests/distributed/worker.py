@@ -134,8 +134,16 @@ def run_scenario(sc: dict, world_size: int) -> dict:
         for m in range(n_micro):
             mb = {k: v.chunk(n_micro)[m] for k, v in batch.items()}
             with loss_parallel_context(dims):
-                logits = model(mb["input_ids"], position_ids=mb["position_ids"],
-                               attn_mask_startend_row_indices=mb["attn_mask_startend_row_indices"])
+                if sc.get("hidden_path"):  # DPO-style: hidden states + head weight applied by the loss
+                    from paddlenlp_ext.distributed import hidden_states_and_head
+
+                    hidden, weight = hidden_states_and_head(
+                        model, mb["input_ids"], position_ids=mb["position_ids"],
+                        attn_mask_startend_row_indices=mb["attn_mask_startend_row_indices"])
+                    logits = hidden @ weight.T  # [b, L, V]
+                else:
+                    logits = model(mb["input_ids"], position_ids=mb["position_ids"],
+                                   attn_mask_startend_row_indices=mb["attn_mask_startend_row_indices"])
                 loss_sum = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten(),
                                            ignore_index=-100, reduction="sum")
                 loss_sum = to_local_loss(loss_sum)
