@@ -14,7 +14,7 @@ from paddlenlp_ext.trl.dpo_trainer import DPOTrainer, policy_pair_logps
 from paddlenlp_ext.trl.reward_model import LlamaForScore, bradley_terry_loss
 from paddlenlp_ext.trl.rm_trainer import RewardTrainer
 from tests.trl._stub_tokenizer import WordTokenizer
-from tests.trl.test_packed_equivalence import EXAMPLES, L, _config, _records
+from tests.trl.test_trl_packed_equivalence import EXAMPLES, L, _config, _records
 
 
 def _dataset(layout):

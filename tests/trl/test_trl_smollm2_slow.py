@@ -1,0 +1,57 @@
+"""Real SmolLM2-135M-Instruct + its tokenizer and ChatML template: packed pairs score as the pairs run alone."""
+
+import pytest
+import torch
+
+from paddlenlp_ext.datasets.preference import PreferenceCollator, check_preference_data, tokenize_preference_example
+from paddlenlp_ext.datasets.zero_padding import ZeroPaddingMapDataset
+from paddlenlp_ext.trl.dpo_trainer import policy_pair_logps
+from tests.ops.tolerance import assert_close_to_ref
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+ROWS = [
+    {"src": ["what is the capital of France?"], "tgt": [], "response": ["Paris.", "I like turtles."], "sort": [1, 0]},
+    {"src": ["hi", "how are you?"], "tgt": ["Hello!"], "response": ["Banana bread.", "I am fine, thanks."],
+     "sort": [0, 1]},
+]
+
+
+@pytest.mark.slow
+def test_smollm2_chat_template_pack_equals_alone():
+    from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2).eval()
+    recs = [tokenize_preference_example(check_preference_data(dict(r)), tok, max_seq_len=256, max_prompt_len=128)
+            for r in ROWS]
+    text = tok.decode(recs[1]["input_ids"])
+    assert "<|im_start|>assistant\nHello!<|im_end|>" in text  # multi-turn history kept, in template form
+    assert tok.decode([t for t in recs[1]["chosen_labels"] if t != -100]) == "I am fine, thanks.<|im_end|>"
+    ds = ZeroPaddingMapDataset(recs, max_length=512)
+    batch = PreferenceCollator(512, tok.pad_token_id)([ds[0]])
+    import transformers
+
+    from paddlenlp_ext.transformers import resolve_model_name_or_path
+
+    hf64 = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_name_or_path(SMOLLM2),
+                                                             dtype=torch.float64).eval()
+
+    def alone(m, prompt, resp):
+        out = m(torch.tensor([prompt + resp]))
+        lp = (out.logits if hasattr(out, "logits") else out)[0].double().log_softmax(-1)
+        return sum(lp[len(prompt) - 1 + i, t] for i, t in enumerate(resp))
+
+    with torch.no_grad():
+        packed = policy_pair_logps(model, batch)
+        ours, ref = [], []
+        for rec in recs:
+            P = rec["response_indexs"][0][0]
+            prompt = rec["input_ids"][: P + 1]  # the layout moves the last prompt token into each response
+            for labels in (rec["chosen_labels"], rec["rejected_labels"]):
+                resp = [t for t in labels if t != -100]
+                ours.append(alone(model, prompt, resp))
+                ref.append(alone(hf64, prompt, resp))
+    out = torch.stack([packed.chosen, packed.rejected], 1).flatten()
+    # budget: 2 x |our fp32 alone - fp64| + fp32 floor (tests/ops/tolerance.py rule)
+    assert_close_to_ref(out, torch.stack(ref), torch.stack(ours).float(), "smollm2 pair logps", dtype=torch.float32)
+    assert packed.chosen[0] > packed.rejected[0]  # the model prefers the sensible answer
