@@ -201,6 +201,8 @@ def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
                              f"tensor parallelism expects HF Llama module names (docs/design.md section 4)")
     parallelize_module(model, parallel_dims.tp_mesh(), plan)
     _replicate_rest(model, parallel_dims.tp_mesh())
+    if parallel_dims.sequence_parallel:
+        model.register_forward_pre_hook(_check_sequence_divisible(parallel_dims.tp), with_kwargs=True)
     if tied:
         # Embedding (RowwiseParallel) and LM head (ColwiseParallel) both place [V, H] as Shard(0): one DTensor.
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -228,6 +230,16 @@ def _replicate_rest(model: nn.Module, tp_mesh) -> None:
         if any(p is not None and not isinstance(p, DTensor) for p in module._parameters.values()):
             # partition_fn=None replicates this module's params and buffers (children already placed are kept).
             distribute_module(module, tp_mesh, None, wrap_inputs, unwrap_output)
+
+
+def _check_sequence_divisible(tp: int):
+    def hook(_mod, args, kwargs):
+        ids = args[0] if args else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] % tp:
+            raise ValueError(f"sequence_parallel: sequence length {ids.shape[1]} (input_ids {list(ids.shape)}) is not "
+                             f"divisible by tensor_parallel_degree={tp}; pad batches to max_length (a multiple of "
+                             f"{tp}), as PaddleNLP does under sequence_parallel")
+    return hook
 
 
 def _fsdp_kwargs(parallel_dims: ParallelDims, training_args: Any) -> dict[str, Any]:

@@ -92,6 +92,8 @@ def world2(tmp, ref):
         {"name": "tp_clip", "layout": tp, "end": 3, "clip": 1.0},
         {"name": "tp_clip_torch", "layout": tp, "end": 3, "clip": 1.0, "clip_impl": "torch"},
         {"name": "ernie_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "ernie"},
+        {"name": "sp_odd_length", "layout": {**tp, "sequence_parallel": True}, "end": 1, "seq": 15,
+         "expect_error": True},
         {"name": "fsdp_hidden", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 4, "hidden_path": True},
         {"name": "tp_sp_hidden_tied", "layout": {**tp, "sequence_parallel": True}, "end": 4, "hidden_path": True,
          "tied": True},
@@ -138,6 +140,11 @@ def test_two_ranks_match_one_process(world2, ref, tol, name):
 def test_hidden_states_and_head(world2, world4, ref, tol, world, name):
     """DPO-style loss on hidden states x the whole head weight (``hidden_states_and_head``)."""
     _assert_close((world2 if world == 2 else world4)[name], ref["ref_tied" if "tied" in name else "ref"], tol)
+
+
+def test_sequence_parallel_rejects_odd_length(world2):
+    assert "sequence length 15" in world2["sp_odd_length"]["error"]
+    assert "not divisible by tensor_parallel_degree=2" in world2["sp_odd_length"]["error"]
 
 
 def test_ernie_fsdp(world2, ref, tol):
