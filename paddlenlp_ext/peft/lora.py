@@ -351,6 +351,8 @@ def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | 
     conf = _peft_config_dict(model, cfg, base_model_name_or_path)
     with open(os.path.join(output_dir, ADAPTER_CONFIG_NAME), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
+    for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):  # safetensors writes 0600; make it shareable
+        os.chmod(os.path.join(output_dir, name), 0o644)
 
 
 def _infer_config(model: nn.Module) -> LoRAConfig:
