@@ -155,7 +155,9 @@ def main(argv=None) -> dict:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:
-        summary["dev_loss_after"] = trainer.evaluate()["eval_loss"]
+        fresh = trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step and training_args.do_train
+        # an evaluation at the last step (eval_steps) already measured the final model
+        summary["dev_loss_after"] = (trainer.last_eval[1] if fresh else trainer.evaluate())["eval_loss"]
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if chat_args.chat_after_train and not distributed:
         from paddlenlp_ext.transformers.generation import chat

@@ -79,6 +79,7 @@ class Trainer:
         self.amp_dtype = self._pick_precision()
         self.state = TrainerState()
         self.optimizer = self.lr_scheduler = None
+        self.last_eval: tuple[int, dict[str, float]] | None = None  # (global_step, metrics) of the latest evaluate()
 
     # ---- setup -------------------------------------------------------------------------------------------------
     def _pick_device(self) -> torch.device:
@@ -341,6 +342,7 @@ class Trainer:
         values = packed.tolist()
         reduced = self.reduce_metrics(values[0], values[1], dict(zip(keys, values[2:])))
         result = {f"eval_{k}": v for k, v in reduced.items()}
+        self.last_eval = (self.state.global_step, result)
         self.model.train(was_training)
         if log:
             logger.info("eval: %s", json.dumps(result))
