@@ -242,6 +242,16 @@ def _check_sequence_divisible(tp: int):
     return hook
 
 
+def _reshard_when_no_grad(module: nn.Module, _args, output):
+    """After a forward without autograd (evaluation, a frozen DPO reference model) no backward will reshard the
+    groups kept gathered by ``reshard_after_forward=False``; free them now so they do not stay whole."""
+    if not torch.is_grad_enabled():
+        for m in module.modules():
+            if hasattr(m, "reshard") and hasattr(m, "unshard"):
+                m.reshard()
+    return output
+
+
 def _fsdp_kwargs(parallel_dims: ParallelDims, training_args: Any) -> dict[str, Any]:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
@@ -282,6 +292,7 @@ def apply_fsdp(model: nn.Module, parallel_dims: ParallelDims, training_args: Any
     # Root (embedding, final norm, heads): kept unsharded after forward in every stage; backward needs it at
     # once, and heads used outside forward (a reward model's `score`) then see whole parameters.
     fully_shard(model, reshard_after_forward=False, **kwargs)
+    model.register_forward_hook(_reshard_when_no_grad)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
             m.set_gradient_divide_factor(1.0)

@@ -74,7 +74,7 @@ def world2(tmp, ref):
     tp = {"sharding": 1, "tp": 2}
     ck = str(tmp / "ck_fsdp2")
     spec = [
-        {"name": "fsdp", "layout": fsdp, "end": 4},
+        {"name": "fsdp", "layout": fsdp, "end": 4, "eval_after": True},
         {"name": "fsdp_stage3", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 4},
         {"name": "dp", "layout": {"dp": 2, "sharding": 1}, "end": 4},
         {"name": "tp", "layout": tp, "end": 4},
@@ -140,6 +140,13 @@ def test_two_ranks_match_one_process(world2, ref, tol, name):
 def test_hidden_states_and_head(world2, world4, ref, tol, world, name):
     """DPO-style loss on hidden states x the whole head weight (``hidden_states_and_head``)."""
     _assert_close((world2 if world == 2 else world4)[name], ref["ref_tied" if "tied" in name else "ref"], tol)
+
+
+def test_no_grad_forward_reshards(world2, ref, tol):
+    """stage2 keeps groups gathered from forward to backward; a no-grad forward (eval, reference model) must not
+    leave them whole, and its loss equals one process."""
+    assert world2["fsdp"]["sharded_after_eval"] is True
+    assert abs(world2["fsdp"]["eval_loss"] - ref["ref"]["eval_loss"]) <= tol * ref["ref"]["eval_loss"]
 
 
 def test_sequence_parallel_rejects_odd_length(world2):

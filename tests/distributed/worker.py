@@ -175,6 +175,11 @@ def run_scenario(sc: dict, world_size: int) -> dict:
                                                      ignore_index=-100, reduction="sum"))
         count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
         eval_loss = float(all_reduce_sum_dp(loss_sum, dims) / count)
+        from torch.distributed.tensor import DTensor
+
+        # Under FSDP a gathered (unsharded) parameter is a plain tensor (pure FSDP) or a tp-only DTensor.
+        sharded_after_eval = all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names[0] in ("sharding", "dp")
+                                 for p in model.parameters())
     if sc.get("export"):
         from paddlenlp_ext.distributed.checkpoint import save_full_model
 
@@ -186,6 +191,7 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     out = {"losses": losses, "grad_norms": norms}
     if sc.get("eval_after"):
         out["eval_loss"] = eval_loss
+        out["sharded_after_eval"] = sharded_after_eval
     return out
 
 
