@@ -237,9 +237,15 @@ def init_distributed(training_args: Any) -> ParallelDims:
         ``ParallelDims`` with its mesh built.
 
     Raises:
-        ValueError: degrees that do not multiply to the world size (see ``ParallelDims``).
+        ValueError: degrees that do not multiply to the world size (see ``ParallelDims``);
+            ``pipeline_parallel_degree``, ``sep_parallel_degree`` or ``context_parallel_degree`` > 1.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    for key in ("pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree"):
+        if int(_arg(training_args, key, -1)) > 1:
+            raise ValueError(f"training argument `{key}`={_arg(training_args, key, -1)}: pipeline, sep and context "
+                             f"parallelism are not implemented; set it to 1 (or -1) and use tensor_parallel_degree / "
+                             f"sharding_parallel_degree")
     stage, offload = parse_sharding(_arg(training_args, "sharding", None))
     use_cuda = torch.cuda.is_available() and _arg(training_args, "device", "gpu") != "cpu"
     dims = ParallelDims(

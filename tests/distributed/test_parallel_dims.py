@@ -98,3 +98,10 @@ def test_ernie_fused_projection_rejected_under_tp():
                                              num_hidden_layers=3, num_attention_heads=4))
     with pytest.raises(ValueError, match="fused qkv_gate_up_proj .* is not implemented; use sharding"):
         apply_tp(model, dims(world_size=2, tp=2))
+
+
+def test_pipeline_parallel_rejected(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="`pipeline_parallel_degree`=2: pipeline, sep and context parallelism"):
+        init_distributed(SimpleNamespace(pipeline_parallel_degree=2))
+    init_distributed(SimpleNamespace(pipeline_parallel_degree=1, sep_parallel_degree=-1))
