@@ -17,9 +17,8 @@ fp32 reference attention; ``same`` = the bf16 model with the PyTorch reference a
 Then ``max|alone_triton - gold| <= 2 * max|same - gold| + floor`` and
 ``max|packed_triton - gold| <= 2 * max|alone_triton - gold| + floor`` with ``floor = 1e-3 * max|gold|``.
 
-Known model bug worked around here (see :func:`attention_impl`, ``align_dtypes``): under ``torch.autocast`` the
-Llama's RoPE multiplies bf16 q/k by fp32 cos/sin, so q/k reach ``flashmask_attention`` in fp32 while v is bf16 and
-the API raises. The xfail test below pins it. Set ``GPU_RESULTS_JSON=path`` to append the measured numbers.
+``test_llama_bf16_autocast`` pins a fixed bug: under ``torch.autocast`` the Llama's RoPE used to promote q/k to
+fp32 (fp32 cos/sin) while v stayed bf16. Set ``GPU_RESULTS_JSON=path`` to append the measured numbers.
 """
 
 from __future__ import annotations
@@ -70,9 +69,8 @@ def _record(name: str, **values) -> None:
 def attention_impl(impl: str, align_dtypes: bool = False):
     """Force ``flashmask_attention(..., impl=impl)`` inside the Llama and ERNIE models; yields a call counter.
 
-    ``align_dtypes``: cast q and k to v's dtype first. Needed under ``torch.autocast`` for the Llama only (its
-    ``apply_rotary`` promotes bf16 q/k to fp32 with fp32 cos/sin); it is exactly the fix the model needs
-    (rotate in fp32, round back to the projection dtype). The counter counts calls per (impl, q dtype).
+    ``align_dtypes``: cast q and k to v's dtype first (a no-op since the Llama RoPE keeps q/k in the projection
+    dtype; kept to count mismatches). The counter counts calls per (impl, q dtype).
     """
     calls: collections.Counter = collections.Counter()
 
@@ -288,11 +286,7 @@ def test_llama_triton_grads_match_reference(llama):
     assert res["worst_param_triton"] <= 2 * res["worst_param_reference"] + 1e-3, res
 
 
-@pytest.mark.xfail(raises=ValueError, strict=False,
-                   reason="Llama apply_rotary promotes q/k to fp32 under autocast (fp32 cos/sin) while v stays "
-                          "bf16; flashmask_attention rejects mixed dtypes. Fix in llama/modeling.py: cast the "
-                          "rotated q/k back to the projection dtype.")
-def test_llama_bf16_autocast_without_workaround():
+def test_llama_bf16_autocast():
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**LLAMA_CFG)).to(DEVICE).train()
     with torch.autocast(DEVICE, dtype=torch.bfloat16):

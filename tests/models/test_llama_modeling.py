@@ -183,3 +183,19 @@ def test_config_validation_and_hf_dict_roundtrip():
     back = LlamaConfig.from_dict(v5)
     assert back.rope_theta == 123.0 and back.rope_scaling == LLAMA3_ROPE
     assert back.extra == {"use_cache": True, "my_key": [1]} and back.to_dict()["my_key"] == [1]
+
+
+def test_bf16_autocast_keeps_qkv_dtype():
+    """Under bf16 autocast q/k leave RoPE in bf16 like v (fp32 cos/sin used to promote them; the API rejects mixes)."""
+    from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 64, (1, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids)
+    logits.float().sum().backward()
+    assert torch.isfinite(logits.float()).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

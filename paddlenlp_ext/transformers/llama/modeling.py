@@ -74,8 +74,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, L, H, D]`` by ``cos, sin [B, L, D]``."""
-    return x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
+    """Rotate ``x [B, L, H, D]`` by ``cos, sin [B, L, D]`` (fp32); the result keeps ``x``'s dtype.
+
+    cos/sin are cast to ``x.dtype`` first, as transformers does, so under bf16 autocast q and k stay bf16 like v.
+    """
+    cos, sin = cos.to(x.dtype)[:, :, None], sin.to(x.dtype)[:, :, None]
+    return x * cos + rotate_half(x) * sin
 
 
 class LlamaAttention(nn.Module):
