@@ -18,7 +18,7 @@ from .parallelize import (apply_fsdp, apply_tp, hidden_states_and_head, llama_tp
 from .utils import all_reduce_sum_dp, clip_grad_norm_, dp_rank, dp_slice, dp_world_size, to_local_loss
 
 __all__ = [
-    "ParallelDims", "init_distributed", "parse_sharding", "apply_fsdp", "apply_tp", "hidden_states_and_head", "llama_tp_plan",
-    "loss_parallel_context", "parallelize_model", "all_reduce_sum_dp", "clip_grad_norm_", "dp_rank", "dp_slice", "dp_world_size",
-    "to_local_loss",
+    "ParallelDims", "init_distributed", "parse_sharding",
+    "apply_fsdp", "apply_tp", "hidden_states_and_head", "llama_tp_plan", "loss_parallel_context", "parallelize_model",
+    "all_reduce_sum_dp", "clip_grad_norm_", "dp_rank", "dp_slice", "dp_world_size", "to_local_loss",
 ]

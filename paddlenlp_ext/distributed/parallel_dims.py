@@ -128,7 +128,8 @@ class ParallelDims:
                 f"\"stage1\", \"stage2\" or \"stage3\", or set sharding_parallel_degree=1."
             )
         if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence_parallel=True needs tensor_parallel_degree > 1 (got 1); PaddleNLP rejects it too")
+            raise ValueError("sequence_parallel=True needs tensor_parallel_degree > 1 (got 1); "
+                             "PaddleNLP rejects it too")
 
     # ---- derived sizes --------------------------------------------------------------------------------------
     @property
@@ -183,7 +184,8 @@ class ParallelDims:
             errors.append(
                 f"num_key_value_heads={kv_heads} is not divisible by tensor_parallel_degree={self.tp}"
                 + (" (fewer KV heads than TP ranks: each rank would need a replicated KV head, which is not "
-                   "supported; lower tensor_parallel_degree to a divisor of the KV heads)" if kv_heads < self.tp else "")
+                   "supported; lower tensor_parallel_degree to a divisor of the KV heads)"
+                   if kv_heads < self.tp else "")
             )
         if inter is not None and inter % self.tp:
             errors.append(f"intermediate_size={inter} is not divisible by tensor_parallel_degree={self.tp}")

@@ -2,16 +2,22 @@
 
 ``python -m torch.distributed.run --nproc_per_node N tests/distributed/worker.py SPEC.json OUT.json`` runs
 every scenario of SPEC in order inside one process group and rank 0 writes ``{name: {"losses", "grad_norms"}}``.
-A scenario: ``{"name", "layout": {dp, sharding, tp, sharding_stage, tensor_parallel_output,
-sequence_parallel}, "start": first step, "end": step after the last, "load": DCP dir or null,
-"save_at": step or null, "save": DCP dir, "tied": bool, "export": HF dir or null}``.
+A scenario is a dict:
+
+- ``name``; ``layout``: ``{dp, sharding, tp, sharding_stage, tensor_parallel_output, sequence_parallel}``;
+- ``start``/``end``: first step / step after the last; ``micro``: micro-batches per step (default 1);
+- ``model``: ``"llama"`` (default) or ``"ernie"``; ``tied``; ``lora``; ``from_pretrained``: HF dir;
+- ``load``/``save_at``/``save``: DCP checkpoint dirs and the step after which to save;
+- ``export`` (+ ``export_max_shard_bytes``): gathered HF dir; ``adapters``: gathered PEFT dir;
+- ``clip`` (+ ``clip_impl``: ``"torch"``): clip threshold; ``hidden_path``: loss via ``hidden_states_and_head``;
+- ``eval_after``: no-grad loss on batch ``end``; ``seq``: sequence length; ``expect_error``: record a ValueError.
+
 Steps are deterministic: global batch ``k`` is built from seed ``k``; each rank trains on its dp slice.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from types import SimpleNamespace
 
@@ -19,9 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from paddlenlp_ext.distributed import (ParallelDims, all_reduce_sum_dp, dp_slice, init_distributed,  # noqa: E402
+from paddlenlp_ext.distributed import (ParallelDims, all_reduce_sum_dp, dp_slice, init_distributed,
                                        loss_parallel_context, parallelize_model, to_local_loss)
 
 GLOBAL_BATCH, SEQ = 4, 16
@@ -29,15 +33,14 @@ GLOBAL_BATCH, SEQ = 4, 16
 
 def make_batch(step: int, vocab: int = 128, seq: int = SEQ) -> dict[str, torch.Tensor]:
     """Global packed batch for ``step``: each row packs two examples then padding (docs/design.md section 2)."""
-    SEQ = seq  # noqa: N806
     g = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(1, vocab, (GLOBAL_BATCH, SEQ), generator=g)
+    ids = torch.randint(1, vocab, (GLOBAL_BATCH, seq), generator=g)
     labels = torch.full_like(ids, -100)
     pos = torch.zeros_like(ids)
-    sri = torch.zeros(GLOBAL_BATCH, 1, SEQ, 1, dtype=torch.int32)
+    sri = torch.zeros(GLOBAL_BATCH, 1, seq, 1, dtype=torch.int32)
     for b in range(GLOBAL_BATCH):
         a = int(torch.randint(3, 9, (1,), generator=g))
-        e = int(torch.randint(a + 3, SEQ + 1, (1,), generator=g))
+        e = int(torch.randint(a + 3, seq + 1, (1,), generator=g))
         for s, t in ((0, a), (a, e)):
             pos[b, s:t] = torch.arange(t - s)
             sri[b, 0, s:t, 0] = t
@@ -49,10 +52,6 @@ def make_batch(step: int, vocab: int = 128, seq: int = SEQ) -> dict[str, torch.T
 def build_model(tied: bool, kind: str = "llama"):
     """Tiny fp32 Llama (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128), identical on every rank."""
     torch.manual_seed(0)
-    if kind == "tiny":  # stand-in with the same module names
-        from tiny_llama import TinyConfig, TinyLlamaForCausalLM
-
-        return TinyLlamaForCausalLM(TinyConfig(tie_word_embeddings=tied))
     if kind == "ernie":  # head attention layer, one fused parallel layer, tail FFN layer
         from paddlenlp_ext.transformers.ernie35 import Ernie35Config, Ernie35ForCausalLM
 
