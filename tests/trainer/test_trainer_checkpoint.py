@@ -115,3 +115,37 @@ def test_save_total_limit_rotation(make_args, tiny_model, tmp_path):
 def test_bad_resume_path(tmp_path):
     with pytest.raises(ValueError, match="trainer_state.json"):
         ckpt.resolve_resume_path(str(tmp_path), tmp_path)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """Iterable view of the packs (like ZeroPaddingIterableDataset with lazy=true): no __len__."""
+
+    def __init__(self, n):
+        self.ds = PackDataset(n)
+
+    def __iter__(self):
+        return iter(self.ds.items)
+
+
+def test_iterable_dataset_resume_equals_uninterrupted(make_args, tiny_model, tmp_path):
+    def run(out, stop, resume=None):
+        args = make_args(output_dir=str(out), max_steps=6, save_steps=3, save_strategy="steps",
+                         gradient_accumulation_steps=2)
+        t = Trainer(tiny_model(), args, train_dataset=_Stream(7))
+        t.compute_max_steps = lambda: stop
+        t.create_optimizer_and_scheduler(6)
+        t.train(resume_from_checkpoint=resume)
+        return t
+
+    full = run(tmp_path / "full", 6)
+    run(tmp_path / "split", 3)
+    second = run(tmp_path / "split", 6, resume=True)
+    assert _losses(second) == _losses(full)
+    # 12 micro-batches, 4 per pass: the third pass is fully consumed (the epoch rolls over on the next fetch)
+    assert (full.state.epoch, full.state.micro_batches_in_epoch) == (2, 4)
+
+
+def test_iterable_dataset_needs_max_steps(make_args, tiny_model):
+    t = Trainer(tiny_model(), make_args(max_steps=-1, num_train_epochs=1), train_dataset=_Stream(4))
+    with pytest.raises(ValueError, match="max_steps must be > 0"):
+        t.train()
