@@ -95,3 +95,16 @@ def test_reward_trainer_loss_is_bradley_terry(tmp_path):
     torch.testing.assert_close(loss_sum, bradley_terry_loss(s_c, s_r).sum())
     torch.testing.assert_close(loss_sum, -torch.nn.functional.logsigmoid(s_c - s_r).sum())
     assert metrics["accuracy"] == (s_c > s_r).float().sum()
+
+
+def test_reward_model_ernie_trunk_scores_pairs():
+    from paddlenlp_ext.transformers.ernie35 import Ernie35Config
+
+    torch.manual_seed(0)
+    cfg = Ernie35Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=128)
+    rm = LlamaForScore(cfg).eval()
+    batch = PreferenceCollator(L)([_dataset("rm")[0]])
+    with torch.no_grad():
+        s_c, s_r = rm.pair_scores(batch)
+    assert s_c.shape == s_r.shape == (3,) and torch.isfinite(s_c).all() and torch.isfinite(s_r).all()
