@@ -57,6 +57,7 @@ def ref(tmp):
         {"name": "lora", "end": 3, "lora": True, "adapters": str(tmp / "lora_ref")},
         {"name": "clip", "end": 3, "clip": 1.0},
         {"name": "ernie", "end": 3, "model": "ernie"},
+        {"name": "ref_vocab127_tied", "end": 3, "tied": True, "vocab": 127},
     ]
     return _run(spec, 1, tmp)
 
@@ -92,6 +93,8 @@ def world2(tmp, ref):
         {"name": "tp_clip", "layout": tp, "end": 3, "clip": 1.0},
         {"name": "tp_clip_torch", "layout": tp, "end": 3, "clip": 1.0, "clip_impl": "torch"},
         {"name": "ernie_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "ernie"},
+        {"name": "tp_vocab127_tied", "layout": {**tp, "tensor_parallel_output": True}, "end": 3, "tied": True,
+         "vocab": 127, "clip": 1e9, "clip_impl": "torch"},
         {"name": "sp_odd_length", "layout": {**tp, "sequence_parallel": True}, "end": 1, "seq": 15,
          "expect_error": True},
         {"name": "fsdp_hidden", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 4, "hidden_path": True},
@@ -116,6 +119,8 @@ def world4(tmp, world2):
                                                  "sequence_parallel": True}, "end": 3, "clip": 1.0},
         {"name": "fsdp_x_tp_clip_torch", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2}, "end": 3,
          "clip": 1.0, "clip_impl": "torch"},
+        {"name": "fsdp_x_tp_vocab127_tied", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2}, "end": 3,
+         "tied": True, "vocab": 127, "hidden_path": True},
         {"name": "fsdp_x_tp_hidden_tied", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2,
                                                      "tensor_parallel_output": True}, "end": 4, "hidden_path": True,
          "tied": True},
@@ -152,6 +157,12 @@ def test_no_grad_forward_reshards(world2, ref, tol):
 def test_sequence_parallel_rejects_odd_length(world2):
     assert "sequence length 15" in world2["sp_odd_length"]["error"]
     assert "not divisible by tensor_parallel_degree=2" in world2["sp_odd_length"]["error"]
+
+
+@pytest.mark.parametrize("world,name", [(2, "tp_vocab127_tied"), (4, "fsdp_x_tp_vocab127_tied")])
+def test_vocab_not_divisible_replicates_embedding_and_head(world2, world4, ref, tol, world, name):
+    """vocab % tp != 0: embedding and head stay replicated (Paddle's rule), tied weights stay tied."""
+    _assert_close((world2 if world == 2 else world4)[name], ref["ref_vocab127_tied"], tol)
 
 
 def test_ernie_fsdp(world2, ref, tol):

@@ -6,7 +6,7 @@ A scenario is a dict:
 
 - ``name``; ``layout``: ``{dp, sharding, tp, sharding_stage, tensor_parallel_output, sequence_parallel}``;
 - ``start``/``end``: first step / step after the last; ``micro``: micro-batches per step (default 1);
-- ``model``: ``"llama"`` (default) or ``"ernie"``; ``tied``; ``lora``; ``from_pretrained``: HF dir;
+- ``model``: ``"llama"`` (default) or ``"ernie"``; ``vocab`` (128); ``tied``; ``lora``; ``from_pretrained``;
 - ``load``/``save_at``/``save``: DCP checkpoint dirs and the step after which to save;
 - ``export`` (+ ``export_max_shard_bytes``): gathered HF dir; ``adapters``: gathered PEFT dir;
 - ``clip`` (+ ``clip_impl``: ``"torch"``): clip threshold; ``hidden_path``: loss via ``hidden_states_and_head``;
@@ -49,7 +49,7 @@ def make_batch(step: int, vocab: int = 128, seq: int = SEQ) -> dict[str, torch.T
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "attn_mask_startend_row_indices": sri}
 
 
-def build_model(tied: bool, kind: str = "llama"):
+def build_model(tied: bool, kind: str = "llama", vocab: int = 128):
     """Tiny fp32 Llama (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128), identical on every rank."""
     torch.manual_seed(0)
     if kind == "ernie":  # head attention layer, one fused parallel layer, tail FFN layer
@@ -60,7 +60,7 @@ def build_model(tied: bool, kind: str = "llama"):
                                                 max_position_embeddings=64))
     from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
                          initializer_range=0.05, max_position_embeddings=64)
     return LlamaForCausalLM(config)
@@ -112,7 +112,7 @@ def run_scenario(sc: dict, world_size: int) -> dict:
 
         model = LlamaForCausalLM.from_pretrained(sc["from_pretrained"])
     else:
-        model = build_model(sc.get("tied", False), sc.get("model", "llama"))
+        model = build_model(sc.get("tied", False), sc.get("model", "llama"), sc.get("vocab", 128))
     if sc.get("lora"):
         from paddlenlp_ext.peft.lora import LoRAConfig, apply_lora
 
@@ -126,7 +126,8 @@ def run_scenario(sc: dict, world_size: int) -> dict:
         assert state["global_step"] == start, (state, start)
     losses, norms = [], []
     for step in range(start, sc["end"]):
-        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(step, seq=sc.get("seq", SEQ)).items()}
+        global_batch = make_batch(step, vocab=sc.get("vocab", 128), seq=sc.get("seq", SEQ))
+        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in global_batch.items()}
         # Token count of the whole step (all micro-batches, all data-parallel ranks; never TP ranks).
         count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
         n_micro = sc.get("micro", 1)
@@ -166,7 +167,8 @@ def run_scenario(sc: dict, world_size: int) -> dict:
         if sc.get("save_at") == step + 1:
             save_train_state(sc["save"], model, opt, sched, {"global_step": step + 1})
     if sc.get("eval_after"):  # loss on the next global batch, without a step (checks exported weights)
-        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(sc["end"]).items()}
+        global_batch = make_batch(sc["end"], vocab=sc.get("vocab", 128))
+        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in global_batch.items()}
         with torch.no_grad(), loss_parallel_context(dims):
             logits = model(batch["input_ids"], position_ids=batch["position_ids"],
                            attn_mask_startend_row_indices=batch["attn_mask_startend_row_indices"])
