@@ -410,13 +410,20 @@ def main(argv=None) -> dict:
         pass
     print(json.dumps(meta), flush=True)
     results = {}
+    report = {"meta": meta, "table": results}
+
+    def save():  # after every setup, so a run killed at its time limit still leaves its JSON
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+
     for s in setups:
         if time.perf_counter() - t_start > args.time_budget:
             results[s] = {"status": "skipped (time budget)"}
             continue
         results[s] = guarded(s, lambda: run_setup(s, args, cfg, packs, device, args.recompute, args.loss,
                                                   args.warmup, args.steps), device)
-    report = {"meta": meta, "table": results}
+        save()
     print(fmt_table(results))
     if args.longest:
         report["longest"] = longest_context(args, cfg, device, scale, t_start)
@@ -424,9 +431,7 @@ def main(argv=None) -> dict:
             print(setup, {k: (v["status"], round(v.get("peak_gib", 0), 1), round(v.get("tokens_per_s", 0)))
                           for k, v in per.items()})
     report["total_seconds"] = time.perf_counter() - t_start
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    save()
     return report
 
 
