@@ -101,10 +101,12 @@ def grad_norm(model) -> float:
 
 def run_scenario(sc: dict, world_size: int) -> dict:
     lay = dict(sc.get("layout", {}))
+    # CPU + gloo here; on a GPU machine (tests/distributed/test_gpu_distributed.py) CUDA + NCCL in fp32.
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dims = ParallelDims(dp=lay.get("dp", -1), sharding=lay.get("sharding", -1), tp=lay.get("tp", -1),
                         world_size=world_size, sharding_stage=lay.get("sharding_stage"),
                         sequence_parallel=lay.get("sequence_parallel", False),
-                        tensor_parallel_output=lay.get("tensor_parallel_output", False))
+                        tensor_parallel_output=lay.get("tensor_parallel_output", False), device_type=dev.type)
     if world_size > 1:
         dims.build_mesh()
     if sc.get("from_pretrained"):
@@ -117,7 +119,7 @@ def run_scenario(sc: dict, world_size: int) -> dict:
         from paddlenlp_ext.peft.lora import LoRAConfig, apply_lora
 
         apply_lora(model, LoRAConfig(r=4, lora_alpha=8))
-    model = parallelize_model(model, dims, SimpleNamespace(bf16=False))
+    model = parallelize_model(model.to(dev), dims, SimpleNamespace(bf16=False))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
     start = sc.get("start", 0)
@@ -127,11 +129,11 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     losses, norms = [], []
     for step in range(start, sc["end"]):
         global_batch = make_batch(step, vocab=sc.get("vocab", 128), seq=sc.get("seq", SEQ))
-        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in global_batch.items()}
+        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)].to(dev) for k, v in global_batch.items()}
         # Token count of the whole step (all micro-batches, all data-parallel ranks; never TP ranks).
         count = all_reduce_sum_dp((batch["labels"] != -100).sum(), dims)
         n_micro = sc.get("micro", 1)
-        step_sum = torch.zeros(())
+        step_sum = torch.zeros((), device=dev)
         for m in range(n_micro):
             mb = {k: v.chunk(n_micro)[m] for k, v in batch.items()}
             with loss_parallel_context(dims):
@@ -168,7 +170,7 @@ def run_scenario(sc: dict, world_size: int) -> dict:
             save_train_state(sc["save"], model, opt, sched, {"global_step": step + 1})
     if sc.get("eval_after"):  # loss on the next global batch, without a step (checks exported weights)
         global_batch = make_batch(sc["end"], vocab=sc.get("vocab", 128))
-        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in global_batch.items()}
+        batch = {k: v[dp_slice(GLOBAL_BATCH, dims)].to(dev) for k, v in global_batch.items()}
         with torch.no_grad(), loss_parallel_context(dims):
             logits = model(batch["input_ids"], position_ids=batch["position_ids"],
                            attn_mask_startend_row_indices=batch["attn_mask_startend_row_indices"])
@@ -198,6 +200,8 @@ def run_scenario(sc: dict, world_size: int) -> dict:
 
 def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons on GPU
+    torch.backends.cudnn.allow_tf32 = False
     init_distributed(SimpleNamespace(tensor_parallel_degree=1, sharding_parallel_degree=-1, sharding="stage1"))
     world = dist.get_world_size() if dist.is_initialized() else 1
     results = {}
