@@ -114,9 +114,13 @@ class Trainer:
 
         return loss_parallel_context(self.parallel_dims)
 
-    def _loader(self, dataset, batch_size: int, *, shuffle: bool, epoch: int = 0, skip: int = 0) -> DataLoader:
-        """DataLoader over this rank's slice; ``skip`` micro-batches of ``epoch`` already consumed."""
+    def _loader(self, dataset, batch_size: int, *, shuffle: bool, epoch: int = 0, skip: int = 0,
+                drop_last: bool | None = None) -> DataLoader:
+        """DataLoader over this rank's slice; ``skip`` micro-batches of ``epoch`` already consumed.
+        ``drop_last`` defaults to ``args.dataloader_drop_last`` (evaluation passes False)."""
         workers = int(getattr(self.args, "dataloader_num_workers", 0) or 0)
+        if drop_last is None:
+            drop_last = bool(getattr(self.args, "dataloader_drop_last", False))
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             if workers:
                 logger.warning("dataloader_num_workers=%d ignored for an iterable dataset: the data-rank slicing "
@@ -125,10 +129,9 @@ class Trainer:
             shard = ShardedIterable(dataset, batch_size, self.dp.size, self.dp.rank, epoch, skip * batch_size)
             return DataLoader(shard, batch_size=batch_size, collate_fn=self.data_collator, num_workers=workers)
         sampler = ResumableSampler(len(dataset), self.dp.size, self.dp.rank, shuffle=shuffle,
-                                   seed=int(self.args.seed), epoch=epoch, skip=skip * batch_size,
-                                   drop_last=bool(getattr(self.args, "dataloader_drop_last", False)))
+                                   seed=int(self.args.seed), epoch=epoch, skip=skip * batch_size, drop_last=drop_last)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.data_collator,
-                          num_workers=workers, drop_last=bool(getattr(self.args, "dataloader_drop_last", False)))
+                          num_workers=workers, drop_last=drop_last)
 
     def micro_batches_per_epoch(self) -> int | None:
         """Micro-batches one epoch gives this rank, or None for an iterable dataset."""
@@ -333,7 +336,7 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         count = torch.zeros((), device=self.device, dtype=torch.float64)
-        for batch in self._loader(dataset, self.args.per_device_eval_batch_size, shuffle=False):
+        for batch in self._loader(dataset, self.args.per_device_eval_batch_size, shuffle=False, drop_last=False):
             batch = self._to_device(batch)
             with self._loss_context(), self._autocast():
                 ls, c, metrics = self.compute_loss(self.model, batch)
@@ -344,6 +347,9 @@ class Trainer:
         keys = sorted(sums)
         packed = self.dp.all_reduce_sum(torch.stack([loss_sum, count, *[sums[k] for k in keys]]))
         values = packed.tolist()
+        if values[1] == 0:
+            logger.warning("evaluate(): the dev set has no loss unit (no label token / pair); eval_loss is nan")
+            values[0] = float("nan")
         reduced = self.reduce_metrics(values[0], values[1], dict(zip(keys, values[2:])))
         result = {f"eval_{k}": v for k, v in reduced.items()}
         self.last_eval = (self.state.global_step, result)
