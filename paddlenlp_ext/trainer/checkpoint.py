@@ -156,8 +156,9 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
                     scheduler) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Restore model, optimizer, scheduler and RNG from ``path``; return ``(trainer_state, data_state)``.
 
-    ``data_state`` is this rank's saved data position, or None when the checkpoint was written with another
-    world size (then a warning is issued and the RNG of rank 0's file is not used either).
+    ``data_state`` is this rank's saved data position, or None when the checkpoint has no file for this rank
+    (written with a smaller world size): a warning is issued, RNG is not restored and the caller falls back to
+    the epoch / micro-batch count of ``trainer_state.json``. Model and optimizer states reshard through DCP.
     Raises ValueError when ``path`` is not a checkpoint directory.
     """
     path = Path(path)
@@ -178,6 +179,6 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
         data_state = torch.load(data_file, weights_only=False)
     else:
         warnings.warn(f"{path} has no RNG/data state for rank {rank} (saved with another world size?); "
-                      "the data position is recomputed from global_step and RNG is not restored")
+                      "the data position comes from trainer_state.json (rank 0's count) and RNG is not restored")
         data_state = None
     return trainer_state, data_state
