@@ -244,10 +244,12 @@ def _check_sequence_divisible(tp: int):
 
 def _reshard_when_no_grad(module: nn.Module, _args, output):
     """After a forward without autograd (evaluation, a frozen DPO reference model) no backward will reshard the
-    groups kept gathered by ``reshard_after_forward=False``; free them now so they do not stay whole."""
+    decoder-layer groups kept gathered by ``reshard_after_forward=False``; free them now so they do not stay
+    whole. The root group (embedding, norm, heads) stays gathered: heads applied after the forward (a reward
+    model's ``score``) need its whole weights; the next forward needs them again anyway."""
     if not torch.is_grad_enabled():
         for m in module.modules():
-            if hasattr(m, "reshard") and hasattr(m, "unshard"):
+            if m is not module and hasattr(m, "reshard") and hasattr(m, "unshard"):
                 m.reshard()
     return output
 

@@ -58,6 +58,7 @@ def ref(tmp):
         {"name": "clip", "end": 3, "clip": 1.0},
         {"name": "ernie", "end": 3, "model": "ernie"},
         {"name": "ref_vocab127_tied", "end": 3, "tied": True, "vocab": 127},
+        {"name": "reward", "end": 3, "model": "reward"},
     ]
     return _run(spec, 1, tmp)
 
@@ -95,6 +96,8 @@ def world2(tmp, ref):
         {"name": "ernie_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "ernie"},
         {"name": "tp_vocab127_tied", "layout": {**tp, "tensor_parallel_output": True}, "end": 3, "tied": True,
          "vocab": 127, "clip": 1e9, "clip_impl": "torch"},
+        {"name": "reward_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "reward"},
+        {"name": "reward_tp", "layout": tp, "end": 3, "model": "reward"},
         {"name": "sp_odd_length", "layout": {**tp, "sequence_parallel": True}, "end": 1, "seq": 15,
          "expect_error": True},
         {"name": "fsdp_hidden", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 4, "hidden_path": True},
@@ -148,8 +151,8 @@ def test_hidden_states_and_head(world2, world4, ref, tol, world, name):
 
 
 def test_no_grad_forward_reshards(world2, ref, tol):
-    """stage2 keeps groups gathered from forward to backward; a no-grad forward (eval, reference model) must not
-    leave them whole, and its loss equals one process."""
+    """stage2 keeps layer groups gathered from forward to backward; a no-grad forward (eval, reference model)
+    must not leave them whole, and its loss equals one process."""
     assert world2["fsdp"]["sharded_after_eval"] is True
     assert abs(world2["fsdp"]["eval_loss"] - ref["ref"]["eval_loss"]) <= tol * ref["ref"]["eval_loss"]
 
@@ -163,6 +166,14 @@ def test_sequence_parallel_rejects_odd_length(world2):
 def test_vocab_not_divisible_replicates_embedding_and_head(world2, world4, ref, tol, world, name):
     """vocab % tp != 0: embedding and head stay replicated (Paddle's rule), tied weights stay tied."""
     _assert_close((world2 if world == 2 else world4)[name], ref["ref_vocab127_tied"], tol)
+
+
+@pytest.mark.parametrize("name", ["reward_fsdp", "reward_tp"])
+def test_reward_model_head_after_forward(world2, ref, tol, name):
+    """A reward model applies ``score`` after the forward, in training and without autograd (evaluation)."""
+    got, want = world2[name], ref["reward"]
+    assert all(abs(a - b) <= tol * abs(b) for a, b in zip(got["losses"], want["losses"])), (got, want)
+    assert abs(got["eval_loss"] - want["eval_loss"]) <= tol * abs(want["eval_loss"]), (got, want)
 
 
 def test_ernie_fsdp(world2, ref, tol):

@@ -6,7 +6,8 @@ A scenario is a dict:
 
 - ``name``; ``layout``: ``{dp, sharding, tp, sharding_stage, tensor_parallel_output, sequence_parallel}``;
 - ``start``/``end``: first step / step after the last; ``micro``: micro-batches per step (default 1);
-- ``model``: ``"llama"`` (default) or ``"ernie"``; ``vocab`` (128); ``tied``; ``lora``; ``from_pretrained``;
+- ``model``: ``"llama"`` (default), ``"ernie"`` or ``"reward"`` (see ``run_reward_scenario``); ``vocab`` (128);
+  ``tied``; ``lora``; ``from_pretrained``;
 - ``load``/``save_at``/``save``: DCP checkpoint dirs and the step after which to save;
 - ``export`` (+ ``export_max_shard_bytes``): gathered HF dir; ``adapters``: gathered PEFT dir;
 - ``clip`` (+ ``clip_impl``: ``"torch"``): clip threshold; ``hidden_path``: loss via ``hidden_states_and_head``;
@@ -180,9 +181,10 @@ def run_scenario(sc: dict, world_size: int) -> dict:
         eval_loss = float(all_reduce_sum_dp(loss_sum, dims) / count)
         from torch.distributed.tensor import DTensor
 
-        # Under FSDP a gathered (unsharded) parameter is a plain tensor (pure FSDP) or a tp-only DTensor.
+        # Under FSDP a gathered (unsharded) parameter is a plain tensor (pure FSDP) or a tp-only DTensor; the
+        # decoder layers must be sharded again after a no-grad forward (the root group stays gathered).
         sharded_after_eval = all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names[0] in ("sharding", "dp")
-                                 for p in model.parameters())
+                                 for n, p in model.named_parameters() if ".layers." in n)
     if sc.get("export"):
         from paddlenlp_ext.distributed.checkpoint import save_full_model
 
@@ -198,6 +200,41 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     return out
 
 
+def run_reward_scenario(sc: dict, world_size: int) -> dict:
+    """A reward model (``paddlenlp_ext.trl.reward_model.LlamaForScore``: trunk + ``score`` head applied after the
+    forward): a few SGD steps on ``sum(score^2)`` at fixed positions, then the same scores without autograd."""
+    from paddlenlp_ext.transformers.llama import LlamaConfig
+    from paddlenlp_ext.trl.reward_model import LlamaForScore
+
+    lay = dict(sc.get("layout", {}))
+    dims = ParallelDims(dp=lay.get("dp", -1), sharding=lay.get("sharding", -1), tp=lay.get("tp", -1),
+                        world_size=world_size, sharding_stage=lay.get("sharding_stage"))
+    if world_size > 1:
+        dims.build_mesh()
+    torch.manual_seed(0)
+    model = LlamaForScore(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.05))
+    model = parallelize_model(model, dims, SimpleNamespace(bf16=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def scores(step):
+        b = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(step).items()}
+        rows = torch.arange(b["input_ids"].shape[0])
+        hidden = model(b["input_ids"], b["position_ids"], b["attn_mask_startend_row_indices"])
+        return model.score_at(hidden, rows, torch.full_like(rows, 5))  # [b]
+
+    losses = []
+    for step in range(sc["end"]):
+        loss = scores(step).pow(2).sum()
+        (loss / GLOBAL_BATCH).backward()
+        losses.append(float(all_reduce_sum_dp(loss.detach(), dims)) / GLOBAL_BATCH)
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        eval_loss = float(all_reduce_sum_dp(scores(sc["end"]).pow(2).sum(), dims)) / GLOBAL_BATCH
+    return {"losses": losses, "eval_loss": eval_loss}
+
+
 def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons on GPU
@@ -207,7 +244,8 @@ def main(spec_path: str, out_path: str) -> None:
     results = {}
     for sc in spec:
         try:
-            results[sc["name"]] = run_scenario(sc, world)
+            run = run_reward_scenario if sc.get("model") == "reward" else run_scenario
+            results[sc["name"]] = run(sc, world)
         except ValueError as e:  # a scenario that must be rejected records the message
             if not sc.get("expect_error"):
                 raise
