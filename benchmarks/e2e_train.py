@@ -264,6 +264,7 @@ def run_setup(setup: str, args, cfg: dict, packs: list[dict], device, recompute:
         llama_modeling.flashmask_attention = BACKENDS[setup]
     try:
         batches = make_batches(setup, packs[: warmup + steps], args.pack_len, args.batch_size, device)
+        torch.manual_seed(args.seed)  # every setup of our model starts from the same weights
         model = build_model(setup, cfg, device, recompute)
         n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
