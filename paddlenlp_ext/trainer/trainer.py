@@ -194,7 +194,7 @@ class Trainer:
         local ``loss_sum``, global ``count``, local non-pad ``tokens`` and local metric sums.
         """
         counts = torch.stack([torch.as_tensor(self.count_loss_units(b)) for b in micro_batches])
-        total = self.dp.all_reduce_sum(counts.sum().to(self.device, torch.float32))
+        total = self.dp.all_reduce_sum(counts.sum().to(self.device, torch.int64)).float()  # exact integer sum
         inv_total = 1.0 / total.clamp(min=1.0)
         loss_sum = torch.zeros((), device=self.device)
         tokens = torch.stack([torch.as_tensor(count_real_tokens(b)) for b in micro_batches]).sum()
