@@ -82,9 +82,23 @@ def _validate_startend(query, key, sri, causal):
            f"startend_row_indices last dim must be in {allowed_c} when causal={causal}, got {sri.shape[3]} "
            f"(causal: [LTS] or [LTS, LTE]; non-causal: [LTS, UTE] or [LTS, LTE, UTS, UTE])")
     if sri.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(sri.min()), int(sri.max())
+        lo, hi = _index_range(sri)
         _check(lo >= 0 and hi <= s_q,
                f"startend_row_indices values must lie in [0, seq_q={s_q}], got min {lo}, max {hi}")
+
+
+def _index_range(sri: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of the indices, cached on the tensor (keyed by its version counter).
+
+    Reading them is a device-to-host sync; every layer of a model receives the same index tensor, so one sync
+    per batch instead of one per layer. An in-place edit bumps ``sri._version`` and forces a fresh read.
+    """
+    cached = getattr(sri, "_flashmask_range", None)
+    if cached is not None and cached[0] == sri._version:
+        return cached[1], cached[2]
+    lo, hi = (int(x) for x in torch.aminmax(sri))
+    sri._flashmask_range = (sri._version, lo, hi)
+    return lo, hi
 
 
 def flashmask_attention(

@@ -177,6 +177,24 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVectors:
+    """Preprocessed mask (SoA vectors, block min/max, visit lists), cached on the index tensor itself.
+
+    All layers of a forward pass receive the same ``startend_row_indices`` tensor, so the O(N + Tr*Tc)
+    preprocessing runs once per batch, not once per layer and pass. The key includes ``sri._version`` so an
+    in-place edit of the indices rebuilds it.
+    """
+    if sri is None:
+        return MaskVectors(None, causal, seq_q, seq_k, device)
+    key = (causal, seq_q, seq_k, sri._version)
+    cached = getattr(sri, "_flashmask_vectors", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    mv = MaskVectors(sri, causal, seq_q, seq_k, device)
+    sri._flashmask_vectors = (key, mv)
+    return mv
+
+
 class FlashMaskTritonFunction(torch.autograd.Function):
     """Autograd wrapper: ``forward(q, k, v, sri, causal, scale, deterministic) -> (out, lse)``.
 
@@ -187,7 +205,7 @@ class FlashMaskTritonFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sri, causal, scale, deterministic):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        mv = MaskVectors(sri, causal, q.shape[1], k.shape[1], q.device)
+        mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
         o, lse = _fwd(q, k, v, mv, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mv, ctx.causal, ctx.scale, ctx.deterministic = mv, causal, scale, deterministic

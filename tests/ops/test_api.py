@@ -130,3 +130,15 @@ def test_window_with_non_tensor_query_is_value_error():
     _, k, v = qkv()
     with pytest.raises(ValueError, match="query must be a torch.Tensor"):
         flashmask_attention([1], k, v, window_size=2)
+
+
+def test_index_range_check_is_cached_and_sees_inplace_edits():
+    """The [0, S_q] range check reads min/max once per index tensor (one host sync per batch, not per layer),
+    yet an in-place edit of the tensor is re-checked."""
+    q, k, v = qkv()
+    sri = M.causal_document_mask([[3, 5], [8]], seq_len=8).startend_row_indices
+    flashmask_attention(q, k, v, sri)
+    assert sri._flashmask_range[1:] == (3, 8)
+    sri[0, 0, 0, 0] = 9  # out of range, written in place
+    with pytest.raises(ValueError, match=r"\[0, seq_q=8\].*max 9"):
+        flashmask_attention(q, k, v, sri)

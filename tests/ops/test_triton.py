@@ -227,3 +227,16 @@ def test_interpreter_guard_message():
             flashmask_attention_triton(q, k, v, None, True, 0.25, False)
     finally:
         os.environ["TRITON_INTERPRET"] = old if old is not None else "1"
+
+
+def test_mask_preprocessing_cached_per_index_tensor():
+    """Layers sharing one index tensor preprocess it once; an in-place edit (version bump) rebuilds it."""
+    from flashmask.triton_flashmask import _mask_vectors
+
+    sri = torch.tensor([[[[3], [3], [3], [8], [8], [8], [8], [8]]]], dtype=torch.int32)
+    first = _mask_vectors(sri, True, 8, 8, sri.device)
+    assert _mask_vectors(sri, True, 8, 8, sri.device) is first
+    assert _mask_vectors(sri, False, 8, 8, sri.device) is not first  # other mode, other vectors
+    sri[0, 0, 0, 0] = 8
+    rebuilt = _mask_vectors(sri, True, 8, 8, sri.device)
+    assert rebuilt is not first and int(rebuilt.lts[0, 0]) == 8
