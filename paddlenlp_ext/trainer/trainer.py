@@ -296,7 +296,9 @@ class Trainer:
             epoch_done = self.state.epoch != epoch_before or step == max_steps
             if self._due(getattr(args, "evaluation_strategy", "no"), args.eval_steps or args.logging_steps,
                          step, epoch_done) and self.eval_dataset is not None:
-                metrics_logger.log(self.evaluate(log=False), step, prefix="eval")
+                eval_metrics = self.evaluate(log=False)
+                self.state.log_history.append({"step": step, **eval_metrics})
+                metrics_logger.log(eval_metrics, step, prefix="eval")
                 window.t0 = time.perf_counter()  # keep eval time out of tokens/s
             if self._due(getattr(args, "save_strategy", "steps"), args.save_steps, step, epoch_done):
                 self.save_checkpoint()

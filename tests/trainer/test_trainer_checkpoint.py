@@ -15,7 +15,7 @@ DS_KW = dict(n=7)
 
 
 def _losses(trainer):
-    return [h["loss"] for h in trainer.state.log_history]
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
 def _run(make_args, tiny_model, out, max_steps, resume=None, **kw):

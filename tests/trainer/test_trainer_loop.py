@@ -153,3 +153,14 @@ def test_tensorboard_event_file(make_args, tiny_model, tmp_path):
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3]
     assert "train/lr" in acc.Tags()["scalars"] and "train/tokens_per_sec" in acc.Tags()["scalars"]
+
+
+def test_evaluation_strategy_steps(make_args, tiny_model):
+    ds = PackDataset(8)
+    t = Trainer(tiny_model(), make_args(max_steps=5, evaluation_strategy="steps", eval_steps=2), train_dataset=ds,
+                eval_dataset=ds)
+    t.train()
+    evals = [(h["step"], h["eval_loss"]) for h in t.state.log_history if "eval_loss" in h]
+    assert [s for s, _ in evals] == [2, 4]
+    assert t.last_eval[0] == 4 and t.last_eval[1]["eval_loss"] == evals[-1][1]
+    assert [h["step"] for h in t.state.log_history if "loss" in h] == [1, 2, 3, 4, 5]
