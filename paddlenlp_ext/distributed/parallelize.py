@@ -243,13 +243,14 @@ def _check_sequence_divisible(tp: int):
 
 
 def _reshard_when_no_grad(module: nn.Module, _args, output):
-    """After a forward without autograd (evaluation, a frozen DPO reference model) no backward will reshard the
-    decoder-layer groups kept gathered by ``reshard_after_forward=False``; free them now so they do not stay
-    whole. The root group (embedding, norm, heads) stays gathered: heads applied after the forward (a reward
-    model's ``score``) need its whole weights; the next forward needs them again anyway."""
+    """Post-forward hook of the root: after a forward without autograd (evaluation, a frozen DPO reference model)
+    no backward will reshard the groups kept gathered by ``reshard_after_forward=False``; reshard all of them
+    now. Besides memory, this keeps FSDP's at-rest invariant: ``model.parameters()`` are the sharded DTensors,
+    so an optimizer built after an evaluation holds the real parameters (measured: built while gathered,
+    those groups silently never train)."""
     if not torch.is_grad_enabled():
         for m in module.modules():
-            if m is not module and hasattr(m, "reshard") and hasattr(m, "unshard"):
+            if hasattr(m, "reshard") and hasattr(m, "unshard"):
                 m.reshard()
     return output
 
@@ -291,6 +292,11 @@ def apply_fsdp(model: nn.Module, parallel_dims: ParallelDims, training_args: Any
     reshard = parallel_dims.sharding_stage == "stage3"
     for _, layer in layers:
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
+    # Heads other than a (possibly tied) lm_head, applied by the caller after the forward (a reward model's
+    # `score`), get their own group: FSDP gathers them when they are called and reshards right after.
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear) and name != "lm_head":
+            fully_shard(child, reshard_after_forward=True, **kwargs)
     # Root (embedding, final norm, heads): kept unsharded after forward in every stage; backward needs it at
     # once, and heads used outside forward (a reward model's `score`) then see whole parameters.
     fully_shard(model, reshard_after_forward=False, **kwargs)

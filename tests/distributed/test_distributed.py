@@ -97,7 +97,8 @@ def world2(tmp, ref):
         {"name": "tp_vocab127_tied", "layout": {**tp, "tensor_parallel_output": True}, "end": 3, "tied": True,
          "vocab": 127, "clip": 1e9, "clip_impl": "torch"},
         {"name": "reward_fsdp", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 3, "model": "reward"},
-        {"name": "reward_tp", "layout": tp, "end": 3, "model": "reward"},
+        {"name": "reward_fsdp_eval_first", "layout": fsdp, "end": 3, "model": "reward", "eval_before": 3},
+        {"name": "reward_tp", "layout": tp, "end": 3, "model": "reward", "eval_before": 1},
         {"name": "sp_odd_length", "layout": {**tp, "sequence_parallel": True}, "end": 1, "seq": 15,
          "expect_error": True},
         {"name": "fsdp_hidden", "layout": {"sharding": 2, "sharding_stage": "stage3"}, "end": 4, "hidden_path": True},
@@ -168,12 +169,16 @@ def test_vocab_not_divisible_replicates_embedding_and_head(world2, world4, ref, 
     _assert_close((world2 if world == 2 else world4)[name], ref["ref_vocab127_tied"], tol)
 
 
-@pytest.mark.parametrize("name", ["reward_fsdp", "reward_tp"])
+@pytest.mark.parametrize("name", ["reward_fsdp", "reward_fsdp_eval_first", "reward_tp"])
 def test_reward_model_head_after_forward(world2, ref, tol, name):
-    """A reward model applies ``score`` after the forward, in training and without autograd (evaluation)."""
+    """A reward model applies ``score`` after the forward, in training and without autograd (evaluation).
+
+    ``eval_first``: no-grad forwards, then the optimizer is built (as the launchers do after "dev loss before");
+    it must hold the sharded parameters (kept gathered, the root group silently stopped training)."""
     got, want = world2[name], ref["reward"]
     assert all(abs(a - b) <= tol * abs(b) for a, b in zip(got["losses"], want["losses"])), (got, want)
-    assert abs(got["eval_loss"] - want["eval_loss"]) <= tol * abs(want["eval_loss"]), (got, want)
+    # eval_loss (~0.04) is trained towards 0 from ~0.3-0.7: compare on the scale of the training losses.
+    assert abs(got["eval_loss"] - want["eval_loss"]) <= tol * max(want["losses"]), (got, want)
 
 
 def test_ernie_fsdp(world2, ref, tol):

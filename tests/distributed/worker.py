@@ -127,6 +127,11 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     if sc.get("load"):
         state = load_train_state(sc["load"], model, opt, sched)
         assert state["global_step"] == start, (state, start)
+    if sc.get("eval_before"):  # a no-grad forward before training (the launchers' "dev loss before")
+        with torch.no_grad():
+            b = {k: v[dp_slice(GLOBAL_BATCH, dims)].to(dev) for k, v in make_batch(99).items()}
+            model(b["input_ids"], position_ids=b["position_ids"],
+                  attn_mask_startend_row_indices=b["attn_mask_startend_row_indices"])
     losses, norms = [], []
     for step in range(start, sc["end"]):
         global_batch = make_batch(step, vocab=sc.get("vocab", 128), seq=sc.get("seq", SEQ))
@@ -202,7 +207,8 @@ def run_scenario(sc: dict, world_size: int) -> dict:
 
 def run_reward_scenario(sc: dict, world_size: int) -> dict:
     """A reward model (``paddlenlp_ext.trl.reward_model.LlamaForScore``: trunk + ``score`` head applied after the
-    forward): a few SGD steps on ``sum(score^2)`` at fixed positions, then the same scores without autograd."""
+    forward): optional no-grad forwards first (``eval_before``: how many), then AdamW steps on ``sum(score^2)`` at
+    fixed positions, then the same scores without autograd."""
     from paddlenlp_ext.transformers.llama import LlamaConfig
     from paddlenlp_ext.trl.reward_model import LlamaForScore
 
@@ -215,7 +221,6 @@ def run_reward_scenario(sc: dict, world_size: int) -> dict:
     model = LlamaForScore(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, initializer_range=0.05))
     model = parallelize_model(model, dims, SimpleNamespace(bf16=False))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def scores(step):
         b = {k: v[dp_slice(GLOBAL_BATCH, dims)] for k, v in make_batch(step).items()}
@@ -223,6 +228,14 @@ def run_reward_scenario(sc: dict, world_size: int) -> dict:
         hidden = model(b["input_ids"], b["position_ids"], b["attn_mask_startend_row_indices"])
         return model.score_at(hidden, rows, torch.full_like(rows, 5))  # [b]
 
+    if sc.get("eval_before"):
+        model.eval()
+        with torch.no_grad():
+            for k in range(int(sc["eval_before"])):
+                scores(99 + k)
+        model.train()
+    # Built after the evaluation, as the launchers do: it must hold the sharded parameters.
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for step in range(sc["end"]):
         loss = scores(step).pow(2).sum()
