@@ -92,7 +92,8 @@ def test_launcher_tp2_loss_parallel_and_reshard_resume(job):
     tp = _launch(job, "tp2", 2, tensor_parallel_degree=2, tensor_parallel_output=True)
     _close(tp, ref)
     # FSDP 2 run to step 4 (checkpoints 2 and 4), drop checkpoint-4, resume the same output_dir under TP 2.
-    fsdp = _launch(job, "fsdp2", 2, sharding="stage2", per_device_train_batch_size=1, out="resh")
+    # do_eval: the launcher's "dev loss before" runs no-grad forwards before the optimizer exists.
+    fsdp = _launch(job, "fsdp2", 2, sharding="stage2", per_device_train_batch_size=1, out="resh", do_eval=True)
     _close(fsdp, ref)
     shutil.rmtree(job / "out_resh" / "checkpoint-4")
     resumed = _launch(job, "resume_tp2", 2, tensor_parallel_degree=2, out="resh")
