@@ -1,0 +1,218 @@
+"""Distributed SFT training speed (issue 6): effective tokens/s on 1 GPU vs 2 GPUs (FSDP, TP) at one global batch.
+
+Every layout trains the same randomly initialised Llama-3.2-1B-shaped model (``e2e_train.LLAMA_1B``: hidden 2048,
+16 layers, 32/8 heads, head_dim 64, intermediate 8192, vocab 128256, tied embeddings) on the same synthetic packed
+batches (``e2e_train.build_packs``: log-normal example lengths, the real ZeroPadding greedy packer, FlashMask causal
+document indices ``attn_mask_startend_row_indices [1, 1, L, 1]``), one ``--pack_len`` pack per micro-batch and
+``--global_packs`` packs per optimizer step:
+
+| layout | launch | per rank per step |
+|---|---|---|
+| ``single`` | ``torchrun --nproc_per_node 1`` | all ``G`` packs as ``G`` micro-batches |
+| ``fsdp`` | ``torchrun --nproc_per_node 2`` | FSDP2 ``sharding_parallel_degree 2``, ``stage2``: ``G / 2`` micro-batches |
+| ``tp`` | ``torchrun --nproc_per_node 2`` | ``tensor_parallel_degree 2`` + ``tensor_parallel_output`` (vocab-parallel CE) + ``sequence_parallel``: all ``G`` packs (TP ranks read the same data) |
+
+The step is the trainer's: parameters fp32, forward under ``torch.autocast(bfloat16)`` on CUDA, and
+``parallelize_model(..., bf16=True)`` (FSDP2 mixed precision: bf16 all-gathers, fp32 reduce-scatter; TP unaffected),
+loss = summed fp32 token cross entropy (``paddlenlp_ext.trainer.loss`` formula, under ``loss_parallel_context``)
+divided by the global label-token count (``all_reduce_sum_dp``), AdamW (torch default foreach), attention through
+``flashmask_attention`` (Triton on CUDA, reference on CPU).
+
+Metric: effective tokens/s = non-padding tokens of the global batches of the timed steps / wall seconds between
+two ``barrier + cuda.synchronize`` points (rank 0's clock). Peak GiB = max over ranks of
+``torch.cuda.max_memory_allocated``.
+
+Usage (each launch runs the listed layouts one after the other, freeing memory between them)::
+
+    torchrun --nproc_per_node 1 benchmarks/dist_throughput.py --layouts single --out OUT
+    torchrun --nproc_per_node 2 benchmarks/dist_throughput.py --layouts fsdp,tp --out OUT
+    python benchmarks/dist_throughput.py --table OUT        # Markdown table with 2-GPU / 1-GPU ratios
+
+``--tiny``: toy model, 256-token packs, CPU + gloo (debugging only). Results: ``OUT/<layout>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_train import LLAMA_1B, TINY, build_packs  # noqa: E402  (same model shape and data as issue 8)
+
+from paddlenlp_ext.datasets import collate_packs  # noqa: E402
+from paddlenlp_ext.distributed import (ParallelDims, all_reduce_sum_dp, dp_slice,  # noqa: E402
+                                       loss_parallel_context, parallelize_model, to_local_loss)
+from paddlenlp_ext.trainer.loss import IGNORE_INDEX, count_real_tokens  # noqa: E402
+from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+LAYOUTS = {  # name -> (world size, ParallelDims keywords)
+    "single": (1, {}),
+    "fsdp": (2, dict(sharding=2, tp=1, sharding_stage="stage2")),
+    "tp": (2, dict(sharding=1, tp=2, tensor_parallel_output=True, sequence_parallel=True)),
+}
+
+
+def _sync(device) -> None:
+    if dist.is_initialized():
+        dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
+    """Train ``warmup + steps`` optimizer steps of ``global_packs`` packs under layout ``name``; time the last ``steps``.
+
+    Raises:
+        ValueError: the launch's world size is not the layout's, or ``global_packs`` does not divide by the
+            data-parallel size.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    need, kw = LAYOUTS[name]
+    if world != need:
+        raise ValueError(f"layout {name!r} needs torchrun --nproc_per_node {need}, launched with {world}")
+    dims = ParallelDims(dp=1, world_size=world, device_type=device.type, **kw) if world > 1 else None
+    if dims is not None:
+        dims.build_mesh()
+    torch.manual_seed(args.seed)  # same initial weights on every rank and layout
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**cfg, recompute=args.recompute)).train()
+    n_params = sum(p.numel() for p in model.parameters())
+    if dims is not None:
+        model = parallelize_model(model, dims, SimpleNamespace(bf16=True))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    rows = dp_slice(args.global_packs, dims)  # this rank's packs of each global batch
+    losses, tokens, t0 = [], 0, None
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        glob = packs[step * args.global_packs:(step + 1) * args.global_packs]
+        mine = [collate_packs([p], args.pack_len, pad_token_id=0) for p in glob[rows]]
+        mine = [{k: v.to(device, non_blocking=True) for k, v in b.items() if torch.is_tensor(v)} for b in mine]
+        local_lab = sum((b["labels"] != IGNORE_INDEX).sum() for b in mine)
+        count = all_reduce_sum_dp(local_lab, dims)  # label tokens of the whole global batch
+        step_sum = torch.zeros((), device=device)
+        for b in mine:
+            with loss_parallel_context(dims):
+                with amp:
+                    logits = model(b["input_ids"], position_ids=b["position_ids"],
+                                   attn_mask_startend_row_indices=b["attn_mask_startend_row_indices"])
+                loss_sum = to_local_loss(F.cross_entropy(logits.float().flatten(0, 1), b["labels"].flatten(),
+                                                         ignore_index=IGNORE_INDEX, reduction="sum"))
+                del logits
+                (loss_sum / count).backward()
+            step_sum += loss_sum.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(all_reduce_sum_dp(step_sum, dims) / count))
+        if t0 is not None:  # global non-padding tokens, the same on every rank (all ranks built all packs)
+            tokens += sum(int(count_real_tokens(collate_packs([p], args.pack_len, pad_token_id=0))) for p in glob)
+    _sync(device)
+    secs = time.perf_counter() - t0
+    res = dict(status="ok", layout=name, world_size=world, tokens_per_s=tokens / secs,
+               tokens_per_s_per_gpu=tokens / secs / world, seconds=secs, timed_steps=args.steps,
+               timed_tokens=tokens, global_packs=args.global_packs, pack_len=args.pack_len,
+               micro_batches_per_rank=len(range(args.global_packs)[rows]), params=n_params, losses=losses)
+    if device.type == "cuda":
+        peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
+        if dist.is_initialized():
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        res["peak_gib_max_rank"] = float(peak)
+    del model, opt
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return res
+
+
+def fmt_table(results: dict) -> str:
+    """Markdown table of ``{layout: result}`` with each layout's tokens/s over ``single``'s."""
+    base = results.get("single", {}).get("tokens_per_s")
+    lines = ["| layout | GPUs | micro-batches / rank / step | tokens/s | tokens/s/GPU | x 1 GPU | peak GiB | "
+             "final loss |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if r.get("status") != "ok":
+            lines.append(f"| {name} | | | {r.get('status')} | | | | |")
+            continue
+        ratio = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
+        lines.append(f"| {name} | {r['world_size']} | {r['micro_batches_per_rank']} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['tokens_per_s_per_gpu']:,.0f} | {ratio} | {r.get('peak_gib_max_rank', float('nan')):.1f} | "
+                     f"{r['losses'][-1]:.4f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layouts", default="single", help="comma list of " + ", ".join(LAYOUTS))
+    ap.add_argument("--global_packs", type=int, default=4, help="packs (micro-batches of 1 pack) per step")
+    ap.add_argument("--pack_len", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first (Triton compile)")
+    ap.add_argument("--recompute", action="store_true", help="activation checkpointing of each decoder layer")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="toy model and 256-token packs on CPU (debugging)")
+    ap.add_argument("--out", default="dist_throughput_out", help="directory for <layout>.json")
+    ap.add_argument("--table", default=None, help="only print the table of the JSON files in this directory")
+    args = ap.parse_args(argv)
+    if args.table:
+        res = {}
+        for name in LAYOUTS:
+            p = os.path.join(args.table, f"{name}.json")
+            if os.path.exists(p):
+                res[name] = json.load(open(p))
+        print(fmt_table(res))
+        return
+    names = [n for n in args.layouts.split(",") if n]
+    for n in names:
+        if n not in LAYOUTS:
+            raise ValueError(f"--layouts: unknown layout {n!r}; expected one of {list(LAYOUTS)}")
+    cfg = dict(LLAMA_1B)
+    if args.tiny:
+        cfg, args.pack_len = dict(TINY), min(args.pack_len, 256)
+    use_cuda = torch.cuda.is_available() and not args.tiny
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    packs = build_packs(cfg["vocab_size"], args.pack_len, args.global_packs * (args.warmup + args.steps), args.seed,
+                        1.0 if not args.tiny else 0.05)
+    os.makedirs(args.out, exist_ok=True)
+    results = {}
+    for n in names:
+        try:
+            results[n] = run_layout(n, args, cfg, packs, device)
+        except torch.OutOfMemoryError:
+            results[n] = {"status": "OOM", "layout": n}
+        except Exception as e:  # one broken layout must not lose the others' numbers
+            traceback.print_exc()
+            results[n] = {"status": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
+                          "layout": n}
+        results[n]["env"] = dict(torch=torch.__version__, python=platform.python_version(),
+                                 gpu=torch.cuda.get_device_name(device) if use_cuda else "cpu",
+                                 nccl=".".join(map(str, torch.cuda.nccl.version())) if use_cuda else None)
+        if rank == 0:
+            print(f"[{n}] {json.dumps({k: v for k, v in results[n].items() if k != 'env'})}", flush=True)
+            json.dump(results[n], open(os.path.join(args.out, f"{n}.json"), "w"), indent=1)
+    if rank == 0:
+        print(fmt_table(results))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
