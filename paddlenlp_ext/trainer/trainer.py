@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
@@ -80,6 +81,11 @@ class Trainer:
         self.state = TrainerState()
         self.optimizer = self.lr_scheduler = None
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (global_step, metrics) of the latest evaluate()
+        # Models that draw per-step randomness (ERNIE-3.5-SE random position ids) seed it with the data-parallel
+        # replica index, so replicas differ while tensor-parallel ranks of one replica agree.
+        for module in model.modules():
+            if hasattr(module, "replica_rank"):
+                module.replica_rank = self.dp.rank
 
     # ---- setup -------------------------------------------------------------------------------------------------
     def _pick_device(self) -> torch.device:
@@ -280,6 +286,8 @@ class Trainer:
         while self.state.global_step < max_steps:
             epoch_before = self.state.epoch
             micro = [next(stream) for _ in range(acc_steps)]
+            # PaddleNLP's Trainer publishes the step this way; ERNIE's random position ids are seeded with it.
+            os.environ["TRAINER_GLOBAL_STEP"] = str(self.state.global_step)
             out = self.training_step(micro)
             self.state.global_step += 1
             step = self.state.global_step

@@ -164,3 +164,20 @@ def test_evaluation_strategy_steps(make_args, tiny_model):
     assert [s for s, _ in evals] == [2, 4]
     assert t.last_eval[0] == 4 and t.last_eval[1]["eval_loss"] == evals[-1][1]
     assert [h["step"] for h in t.state.log_history if "loss" in h] == [1, 2, 3, 4, 5]
+
+
+def test_trainer_publishes_step_and_replica_rank(make_args, tiny_model, monkeypatch):
+    """Each step runs with TRAINER_GLOBAL_STEP = the step about to run (PaddleNLP's convention; ERNIE's random
+    position ids are seeded with it), and modules with a ``replica_rank`` get the data-parallel rank."""
+    import os
+
+    model = tiny_model()
+    model.replica_rank = 7
+    trainer = Trainer(model, make_args(max_steps=3), train_dataset=PackDataset(4), data_collator=_collate)
+    assert model.replica_rank == 0  # one process: data-parallel rank 0
+    seen = []
+    real_step = trainer.training_step
+    monkeypatch.setattr(trainer, "training_step",
+                        lambda micro: (seen.append(os.environ["TRAINER_GLOBAL_STEP"]), real_step(micro))[1])
+    trainer.train()
+    assert seen == ["0", "1", "2"]
