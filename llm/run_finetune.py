@@ -179,27 +179,14 @@ def _save_lora(trainer, model_args, output_dir):
     """PEFT-format adapter (adapter_config.json + adapter_model.safetensors) into ``output_dir`` + tokenizer.
 
     Distributed: the adapter tensors are gathered whole (``save_full_adapters``) and rank 0 writes them with
-    the PEFT key prefix and config of ``paddlenlp_ext.peft`` (the same files ``save_lora`` writes).
+    ``save_lora``.
     """
     from paddlenlp_ext.peft import save_lora
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         from paddlenlp_ext.distributed.checkpoint import save_full_adapters
-        from paddlenlp_ext.peft import lora as lora_mod
 
-        def write_peft(sd, out):
-            from safetensors.torch import save_file
-
-            # keep adapters only: the gathered "trainable" dict also holds a tied lm_head.weight alias
-            sd = {k: v for k, v in sd.items() if ".lora_A." in k or ".lora_B." in k}
-            os.makedirs(out, exist_ok=True)
-            save_file({lora_mod._PEFT_PREFIX + k: v.contiguous() for k, v in sd.items()},
-                      os.path.join(out, lora_mod.ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
-            conf = lora_mod._peft_config_dict(trainer.model, trainer.model.lora_config, model_args.model_name_or_path)
-            with open(os.path.join(out, lora_mod.ADAPTER_CONFIG_NAME), "w") as f:
-                json.dump(conf, f, indent=2, sort_keys=True)
-
-        save_full_adapters(trainer.model, output_dir, save_fn=write_peft)
+        save_full_adapters(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
     else:
         save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
     if trainer.dp.is_main and trainer.tokenizer is not None:

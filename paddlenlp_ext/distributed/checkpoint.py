@@ -118,24 +118,10 @@ def save_full_adapters(model: nn.Module, save_dir: str, save_fn: Any = None,
 
 
 def _write_peft_adapter(model: nn.Module, base: str | None = None):
-    """A writer for the PEFT layout that ``paddlenlp_ext.peft.lora.save_lora`` produces, from gathered tensors."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from paddlenlp_ext.peft import lora as peft_lora
+    """A writer for the PEFT layout of ``paddlenlp_ext.peft.save_lora``, from gathered tensors."""
+    from paddlenlp_ext.peft import save_lora
 
     def write(sd: dict[str, torch.Tensor], save_dir: str) -> None:
-        sd = {k: v for k, v in sd.items() if ".lora_A." in k or ".lora_B." in k}
-        if not sd:
-            raise ValueError("save_full_adapters: the model has no trainable LoRA tensors (call apply_lora first)")
-        cfg = getattr(model, "lora_config", None) or peft_lora._infer_config(model)
-        mcfg = getattr(model, "config", None)
-        name = base or getattr(mcfg, "_name_or_path", None) or getattr(mcfg, "name_or_path", None)
-        os.makedirs(save_dir, exist_ok=True)
-        tensors = {peft_lora._PEFT_PREFIX + k: v.contiguous() for k, v in sd.items()}
-        save_file(tensors, os.path.join(save_dir, peft_lora.ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
-        with open(os.path.join(save_dir, peft_lora.ADAPTER_CONFIG_NAME), "w") as f:
-            json.dump(peft_lora._peft_config_dict(model, cfg, name), f, indent=2, sort_keys=True)
+        save_lora(model, save_dir, base_model_name_or_path=base, state_dict=sd)
 
     return write

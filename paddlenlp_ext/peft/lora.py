@@ -328,19 +328,27 @@ def _peft_config_dict(model: nn.Module, cfg: LoRAConfig, base_model_name_or_path
     }
 
 
-def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | None = None) -> None:
+def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | None = None,
+              state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write the adapter in the PEFT format: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
     Keys are ``base_model.model.<module>.lora_{A,B}.weight`` (PEFT's names for adapter "default"); tensors keep the
     adapter dtype (fp32 by default). ``base_model_name_or_path`` defaults to ``model.config._name_or_path`` or
-    ``model.config.name_or_path`` when present.
+    ``model.config.name_or_path`` when present. ``state_dict`` (our module names) replaces the model's own
+    adapter tensors, e.g. adapters gathered whole from FSDP/TP shards; keys other than ``lora_A``/``lora_B``
+    are dropped.
 
     Raises:
-        ValueError: the model has no LoRA layers.
+        ValueError: the model (or ``state_dict``) has no LoRA tensors.
     """
     from safetensors.torch import save_file
 
-    sd = lora_state_dict(model)
+    if state_dict is None:
+        sd = lora_state_dict(model)
+    else:
+        sd = {k: v for k, v in state_dict.items() if ".lora_A." in k or ".lora_B." in k}
+        if not sd:
+            raise ValueError("save_lora: state_dict holds no lora_A/lora_B tensors (call apply_lora first)")
     cfg = getattr(model, "lora_config", None) or _infer_config(model)
     if base_model_name_or_path is None:
         mcfg = getattr(model, "config", None)
