@@ -153,7 +153,7 @@ def test_gpu_bf16_fsdp_matches_one(bf16_runs):
 def test_gpu_bf16_tp_first_step_matches_one(bf16_runs):
     """TP 2 + loss parallel + SP, bf16 autocast: step 0 (same weights) within ``2 * d16 + eps32`` of one GPU.
 
-    Only step 0 is compared: under autocast the row-parallel o/down projections round each rank's partial sum to
+    Only step 0 is compared. Likely cause (not isolated further): under autocast the row-parallel o/down projections round each rank's partial sum to
     bf16 before the (bf16) all-reduce / reduce-scatter, a rounding one GPU does not do, and 3 AdamW steps at lr 1e-2
     amplify it (measured: 1.1e-2 relative on the step-3 grad norm on H200, 6.6e-3 on CPU; plain TP, +loss
     parallel and +SP identical on CPU; fp32 TP matches one GPU to 8e-7). docs/distributed_gpu_results.md.
