@@ -31,27 +31,34 @@ def test_smollm2_chat_template_pack_equals_alone():
     batch = PreferenceCollator(512, tok.pad_token_id)([ds[0]])
     import transformers
 
+    from ops.flashmask.dense import to_dense
     from paddlenlp_ext.transformers import resolve_model_name_or_path
+    from paddlenlp_ext.trl.logprobs import pair_logps_from_logits
 
-    hf64 = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_name_or_path(SMOLLM2),
-                                                             dtype=torch.float64).eval()
+    path = resolve_model_name_or_path(SMOLLM2)
+    hf32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+    hf64 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
 
     def alone(m, prompt, resp):
-        out = m(torch.tensor([prompt + resp]))
-        lp = (out.logits if hasattr(out, "logits") else out)[0].double().log_softmax(-1)
+        lp = m(torch.tensor([prompt + resp])).logits[0].double().log_softmax(-1)
         return sum(lp[len(prompt) - 1 + i, t] for i, t in enumerate(resp))
 
     with torch.no_grad():
         packed = policy_pair_logps(model, batch)
-        ours, ref = [], []
+        # the same packed computation in plain PyTorch fp32: transformers' eager Llama, dense share-question mask
+        allowed = to_dense(batch["attn_mask_startend_row_indices"], causal=True)  # [B, 1, L, L]
+        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        logits = hf32(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask).logits
+        same = pair_logps_from_logits(logits, batch)
+        ref = []
         for rec in recs:
             P = rec["response_indexs"][0][0]
             prompt = rec["input_ids"][: P + 1]  # the layout moves the last prompt token into each response
             for labels in (rec["chosen_labels"], rec["rejected_labels"]):
-                resp = [t for t in labels if t != -100]
-                ours.append(alone(model, prompt, resp))
-                ref.append(alone(hf64, prompt, resp))
+                ref.append(alone(hf64, prompt, [t for t in labels if t != -100]))  # each answer alone, fp64
     out = torch.stack([packed.chosen, packed.rejected], 1).flatten()
-    # budget: 2 x |our fp32 alone - fp64| + fp32 floor (tests/ops/tolerance.py rule)
-    assert_close_to_ref(out, torch.stack(ref), torch.stack(ours).float(), "smollm2 pair logps", dtype=torch.float32)
+    torch_same = torch.stack([same.chosen, same.rejected], 1).flatten()
+    # budget: 2 x |plain-PyTorch fp32 of the pack - fp64 alone| + fp32 floor (tests/ops/tolerance.py rule)
+    assert_close_to_ref(out, torch.stack(ref), torch_same, "smollm2 pair logps", dtype=torch.float32)
     assert packed.chosen[0] > packed.rejected[0]  # the model prefers the sensible answer
