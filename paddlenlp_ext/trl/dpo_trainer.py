@@ -33,16 +33,19 @@ REF_KEYS = ("reference_chosen_logps", "reference_rejected_logps")
 def policy_pair_logps(model: nn.Module, batch: dict, chunk_size: int = 1024) -> PairLogps:
     """Per-pair log-prob sums of ``model`` on a preference pack (design.md keys).
 
-    Uses ``model.model`` (hidden states ``[B, L, H]``) and ``model.lm_head.weight`` when the model exposes them
-    as a plain ``nn.Linear`` head, so only response tokens pass the LM head, in chunks; otherwise the full
-    logits of ``model(...)``.
+    When the model has a trunk ``model.model`` and a plain bias-free ``nn.Linear`` ``lm_head``, it takes the
+    final hidden states ``[B, L, H]`` and the head weight (``hidden_states_and_head``: works under FSDP2 and TP)
+    so only response tokens pass the LM head, in chunks; otherwise the full logits of ``model(...)``.
     """
     kwargs = dict(position_ids=batch.get("position_ids"),
                   attn_mask_startend_row_indices=batch.get("attn_mask_startend_row_indices"))
     trunk, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     if isinstance(trunk, nn.Module) and type(head) is nn.Linear and head.bias is None:
-        hidden = trunk(batch["input_ids"], **kwargs)  # [B, L, H]
-        return pair_logps_from_hidden(hidden, head.weight, batch, chunk_size)
+        from paddlenlp_ext.distributed import hidden_states_and_head
+
+        # the root forward (FSDP hooks fire) with lm_head skipped; a TP vocab-sharded head weight is gathered
+        hidden, weight = hidden_states_and_head(model, batch["input_ids"], **kwargs)  # [B, L, H], [V, H]
+        return pair_logps_from_hidden(hidden, weight, batch, chunk_size)
     logits = model(batch["input_ids"], **kwargs)
     logits = logits[0] if isinstance(logits, (tuple, list)) else logits
     return pair_logps_from_logits(logits, batch, chunk_size)
