@@ -2,7 +2,7 @@
 
 DPO and RM log-probs/scores go through ``hidden_states_and_head`` (root forward under FSDP2, gathered vocab-sharded
 head under TP); a plumbing error there (a trunk call that bypasses the FSDP root, a sharded head weight, pair counts
-summed twice) changes the losses at the first step by far more than the 1e-4 relative bound used here. Measured
+summed twice) moves the step losses by far more than the 1e-4 relative bound used here. Measured
 relative differences over 3 steps: DPO 4.8e-8 (FSDP2) and 1.0e-7 (TP 2), RM 4.9e-8 and 0 (fp32 re-association).
 """
 
