@@ -74,7 +74,7 @@ def test_packed_worked_example_A_B(stub_tok):
 def test_packed_mask_is_block_diagonal_causal():
     """The collated startend, read by the FlashMask oracle (ops/flashmask/dense.py), gives per-example causal
     blocks and fully masked padding rows and columns."""
-    from ops.flashmask.dense import to_dense
+    from flashmask.dense import to_dense
 
     batch = collate_packs([concat_records([rec(3), rec(2)])], max_length=7)
     allowed = to_dense(batch["attn_mask_startend_row_indices"], causal=True)[0, 0]  # [7, 7]

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ops.flashmask.dense import to_dense
+from flashmask.dense import to_dense
 from paddlenlp_ext.datasets.preference import (
     check_preference_data,
     read_preference_jsonl,

@@ -31,7 +31,7 @@ def test_smollm2_chat_template_pack_equals_alone():
     batch = PreferenceCollator(512, tok.pad_token_id)([ds[0]])
     import transformers
 
-    from ops.flashmask.dense import to_dense
+    from flashmask.dense import to_dense
     from paddlenlp_ext.transformers import resolve_model_name_or_path
     from paddlenlp_ext.trl.logprobs import pair_logps_from_logits
 
@@ -59,8 +59,14 @@ def test_smollm2_chat_template_pack_equals_alone():
                 ref.append(alone(hf64, prompt, [t for t in labels if t != -100]))  # each answer alone, fp64
     out = torch.stack([packed.chosen, packed.rejected], 1).flatten()
     torch_same = torch.stack([same.chosen, same.rejected], 1).flatten()
-    # budget: 2 x |plain-PyTorch fp32 of the pack - fp64 alone| + fp32 floor (tests/ops/tolerance.py rule)
-    assert_close_to_ref(out, torch.stack(ref), torch_same, "smollm2 pair logps", dtype=torch.float32)
+    # budget: 2 x |plain-PyTorch fp32 of the pack - fp64 alone| + a floor (tests/ops/tolerance.py rule). The floor
+    # scales with the sums: rounding of an fp32 accumulation of n terms of size |ref| is ~ eps32 * |ref| * sqrt(n)
+    # (the fixed 2e-5 of tolerance.py is for O(1) attention outputs; here |ref| ~ 15-50 and the chunked
+    # log-softmax sums in another order than transformers').
+    ref_t = torch.stack(ref)
+    n = max(sum(t != -100 for t in r[k]) for r in recs for k in ("chosen_labels", "rejected_labels"))
+    floor = 8 * torch.finfo(torch.float32).eps * float(ref_t.abs().max()) * n ** 0.5
+    assert_close_to_ref(out, ref_t, torch_same, "smollm2 pair logps", dtype=torch.float32, atol_floor=floor)
     assert packed.chosen[0] > packed.rejected[0]  # the model prefers the sensible answer
 
 
