@@ -16,7 +16,6 @@ raw encoding); log-probs sum every token of both responses (see ``paddlenlp_ext.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import sys
@@ -25,6 +24,7 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
+from paddlenlp_ext.trainer.launch import finish, init_parallel_dims, lora_plus_optimizer, save_adapter
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_dpo_args
 
@@ -32,14 +32,6 @@ logger = logging.getLogger("paddlenlp_ext.run_dpo")
 
 _EVAL_KEYS = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen",
               "eval_rewards/rejected", "eval_logps/chosen", "eval_logps/rejected")
-
-
-def _parallel_dims(training_args):
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    from paddlenlp_ext.distributed import init_distributed
-
-    return init_distributed(training_args)
 
 
 def build_policy(model_args, training_args, dpo_config):
@@ -60,17 +52,6 @@ def build_policy(model_args, training_args, dpo_config):
     return model
 
 
-def _lora_plus_optimizer(model, model_args, training_args, dpo_config):
-    if not (dpo_config.lora and model_args.lora_plus_scale != 1.0):
-        return None
-    from paddlenlp_ext.peft import lora_param_groups
-
-    groups = lora_param_groups(model, training_args.learning_rate, model_args.lora_plus_scale,
-                               training_args.weight_decay)
-    return torch.optim.AdamW(groups, lr=training_args.learning_rate, eps=training_args.adam_epsilon,
-                             betas=(training_args.adam_beta1, training_args.adam_beta2))
-
-
 def _pick(metrics: dict) -> dict:
     return {k: round(float(metrics[k]), 5) for k in _EVAL_KEYS if k in metrics}
 
@@ -80,7 +61,7 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     setup_logging(int(os.environ.get("RANK", "0")))
     model_args, data_args, training_args, dpo_config = parse_dpo_args(argv)
-    parallel_dims = _parallel_dims(training_args)
+    parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
 
     from paddlenlp_ext.datasets.preference import PreferenceCollator, create_preference_datasets
@@ -107,7 +88,7 @@ def main(argv=None) -> dict:
     trainer = DPOTrainer(model, training_args, dpo_config=dpo_config, ref_model=ref_model, train_dataset=train_ds,
                          eval_dataset=dev_ds, data_collator=PreferenceCollator(data_args.max_seq_len, pad),
                          tokenizer=tokenizer, parallel_dims=parallel_dims)
-    trainer.optimizer = _lora_plus_optimizer(trainer.model, model_args, training_args, dpo_config)
+    trainer.optimizer = lora_plus_optimizer(trainer.model, model_args, training_args, dpo_config.lora)
     if dpo_config.precompute_reference_logps:
         for ds in (train_ds, dev_ds):
             if ds is not None:
@@ -125,23 +106,13 @@ def main(argv=None) -> dict:
                        train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
         if not (training_args.benchmark or training_args.autotuner_benchmark):
             if dpo_config.lora:
-                from paddlenlp_ext.peft import save_lora
-
-                if trainer.dp.is_main:
-                    save_lora(trainer.model, training_args.output_dir,
-                              base_model_name_or_path=model_args.model_name_or_path)
-                    tokenizer.save_pretrained(training_args.output_dir)
+                save_adapter(trainer, model_args, training_args.output_dir)
             else:
                 trainer.save_model()
             summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:
         summary["dev_after"] = _pick(trainer.evaluate())
-    summary["wall_time_s"] = round(time.perf_counter() - start, 1)
-    if trainer.dp.is_main:
-        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return summary
+    return finish(summary, trainer, start)
 
 
 if __name__ == "__main__":

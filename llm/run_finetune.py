@@ -15,7 +15,6 @@ dev loss before/after, output directory) is printed last.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -26,6 +25,8 @@ import torch
 
 from paddlenlp_ext.trainer import Trainer, finalize_sft_args, list_checkpoints, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, lora_plus_optimizer,
+                                         save_adapter)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -52,16 +53,6 @@ def parse_args(argv=None):
     return model_args, data_args, training_args, chat_args
 
 
-def _parallel_dims(training_args):
-    try:
-        from paddlenlp_ext.distributed import init_distributed
-    except ImportError:  # package not present in this checkout: one process
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise
-        return None
-    return init_distributed(training_args)
-
-
 def build_model(model_args, training_args):
     """Model in fp32 (bf16 comes from autocast / FSDP mixed precision on CUDA), LoRA applied when ``lora``."""
     from paddlenlp_ext.transformers import AutoConfig, AutoModelForCausalLM
@@ -86,17 +77,6 @@ def build_model(model_args, training_args):
     return model
 
 
-def _lora_plus_optimizer(model, model_args, training_args):
-    if not (model_args.lora and model_args.lora_plus_scale != 1.0):
-        return None
-    from paddlenlp_ext.peft import lora_param_groups
-
-    groups = lora_param_groups(model, training_args.learning_rate, model_args.lora_plus_scale,
-                               training_args.weight_decay)
-    return torch.optim.AdamW(groups, lr=training_args.learning_rate, eps=training_args.adam_epsilon,
-                             betas=(training_args.adam_beta1, training_args.adam_beta2))
-
-
 def _resume_target(training_args):
     """PaddleNLP/HF rule: an explicit ``resume_from_checkpoint`` wins; else the latest checkpoint of
     ``output_dir`` when ``do_train`` and not ``overwrite_output_dir``."""
@@ -116,7 +96,7 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     setup_logging(int(os.environ.get("RANK", "0")))
     model_args, data_args, training_args, chat_args = parse_args(argv)
-    parallel_dims = _parallel_dims(training_args)
+    parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
 
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator
@@ -139,7 +119,7 @@ def main(argv=None) -> dict:
     trainer = Trainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                       data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
                       parallel_dims=parallel_dims)
-    trainer.optimizer = _lora_plus_optimizer(trainer.model, model_args, training_args)
+    trainer.optimizer = lora_plus_optimizer(trainer.model, model_args, training_args, model_args.lora)
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
@@ -150,7 +130,7 @@ def main(argv=None) -> dict:
         summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
                        train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
         if model_args.lora:
-            _save_lora(trainer, model_args, training_args.output_dir)
+            save_adapter(trainer, model_args, training_args.output_dir)
         else:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)
@@ -158,8 +138,7 @@ def main(argv=None) -> dict:
         fresh = trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step and training_args.do_train
         # an evaluation at the last step (eval_steps) already measured the final model
         summary["dev_loss_after"] = (trainer.last_eval[1] if fresh else trainer.evaluate())["eval_loss"]
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if chat_args.chat_after_train and not distributed:
+    if chat_args.chat_after_train and not is_distributed():
         from paddlenlp_ext.transformers.generation import chat
 
         with torch.no_grad(), trainer._autocast():
@@ -167,30 +146,7 @@ def main(argv=None) -> dict:
         summary["chat"] = {"prompt": chat_args.chat_prompt, "reply": reply}
         if trainer.dp.is_main:
             print(f"\n[chat] user: {chat_args.chat_prompt}\n[chat] assistant: {reply}\n", flush=True)
-    summary["wall_time_s"] = time.perf_counter() - start
-    if trainer.dp.is_main:
-        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
-    if distributed:
-        torch.distributed.destroy_process_group()
-    return summary
-
-
-def _save_lora(trainer, model_args, output_dir):
-    """PEFT-format adapter (adapter_config.json + adapter_model.safetensors) into ``output_dir`` + tokenizer.
-
-    Distributed: the adapter tensors are gathered whole (``save_full_adapters``) and rank 0 writes them with
-    ``save_lora``.
-    """
-    from paddlenlp_ext.peft import save_lora
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        from paddlenlp_ext.distributed.checkpoint import save_full_adapters
-
-        save_full_adapters(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
-    else:
-        save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
-    if trainer.dp.is_main and trainer.tokenizer is not None:
-        trainer.tokenizer.save_pretrained(output_dir)
+    return finish(summary, trainer, start)
 
 
 if __name__ == "__main__":

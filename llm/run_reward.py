@@ -15,7 +15,6 @@ final save, as in PaddleNLP.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -24,6 +23,7 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
+from paddlenlp_ext.trainer.launch import finish, init_parallel_dims
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -32,20 +32,12 @@ logger = logging.getLogger("paddlenlp_ext.run_reward")
 _EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_margin", "eval_chosen_score", "eval_rejected_score")
 
 
-def _parallel_dims(training_args):
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    from paddlenlp_ext.distributed import init_distributed
-
-    return init_distributed(training_args)
-
-
 def main(argv=None) -> dict:
     """Run the RM job; returns the summary dict it prints."""
     start = time.perf_counter()
     setup_logging(int(os.environ.get("RANK", "0")))
     model_args, data_args, training_args = parse_rm_args(argv)
-    parallel_dims = _parallel_dims(training_args)
+    parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
 
     from paddlenlp_ext.datasets.preference import PreferenceCollator, create_preference_datasets
@@ -88,12 +80,7 @@ def main(argv=None) -> dict:
             summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:
         summary["dev_after"] = {k: round(v, 5) for k, v in trainer.evaluate().items() if k in _EVAL_KEYS}
-    summary["wall_time_s"] = round(time.perf_counter() - start, 1)
-    if trainer.dp.is_main:
-        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return summary
+    return finish(summary, trainer, start)
 
 
 if __name__ == "__main__":

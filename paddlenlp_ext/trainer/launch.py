@@ -1,0 +1,70 @@
+"""Pieces the launchers (``llm/run_finetune.py``, ``run_dpo.py``, ``run_reward.py``) share.
+
+Each launcher keeps its own flow readable top to bottom; what is the same in all three lives here: the
+process layout, the LoRA+ optimizer, the adapter save (gathered whole under FSDP/TP) and the closing summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def init_parallel_dims(training_args):
+    """``ParallelDims`` under torchrun (``WORLD_SIZE > 1``), else None (one process, nothing parallelized)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from paddlenlp_ext.distributed import init_distributed
+
+    return init_distributed(training_args)
+
+
+def is_distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def lora_plus_optimizer(model, model_args, training_args, lora: bool):
+    """AdamW with LoRA+ groups (``lr * lora_plus_scale`` for ``lora_B``) when LoRA is on and the scale is not 1;
+    None otherwise (the trainer then builds its default AdamW). Build it after ``parallelize_model``."""
+    if not (lora and model_args.lora_plus_scale != 1.0):
+        return None
+    from paddlenlp_ext.peft import lora_param_groups
+
+    groups = lora_param_groups(model, training_args.learning_rate, model_args.lora_plus_scale,
+                               training_args.weight_decay)
+    return torch.optim.AdamW(groups, lr=training_args.learning_rate, eps=training_args.adam_epsilon,
+                             betas=(training_args.adam_beta1, training_args.adam_beta2))
+
+
+def save_adapter(trainer, model_args, output_dir: str) -> None:
+    """PEFT-format adapter (``adapter_config.json`` + ``adapter_model.safetensors``) and the tokenizer.
+
+    Under torchrun the adapter tensors are gathered whole from their FSDP/TP shards (``save_full_adapters``)
+    and written by rank 0, so the file equals what one process would save.
+    """
+    from paddlenlp_ext.peft import save_lora
+
+    if is_distributed():
+        from paddlenlp_ext.distributed.checkpoint import save_full_adapters
+
+        save_full_adapters(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
+    else:
+        save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
+    if trainer.dp.is_main and trainer.tokenizer is not None:
+        trainer.tokenizer.save_pretrained(output_dir)
+
+
+def finish(summary: dict, trainer, start: float) -> dict:
+    """Add the wall time, print the ``[summary]`` JSON line (rank 0), tear down the process group."""
+    summary["wall_time_s"] = round(time.perf_counter() - start, 1)
+    if trainer.dp.is_main:
+        print("[summary] " + json.dumps(summary, ensure_ascii=False), flush=True)
+    if is_distributed():
+        torch.distributed.destroy_process_group()
+    return summary
