@@ -74,6 +74,16 @@ def build_model(model_args, training_args):
         model = apply_lora(model, model_args)
         n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
         logger.info("LoRA: %d trainable parameters of %d", n_train, sum(p.numel() for p in model.parameters()))
+        single_process = int(os.environ.get("WORLD_SIZE", "1")) <= 1
+        if model_args.merge_weights and not single_process:
+            raise ValueError("merge_weights=true is supported in one process only: under torchrun save the "
+                             "adapter, then merge it with paddlenlp_ext.peft.load_lora + merge_lora")
+        if training_args.bf16 and torch.cuda.is_available() and single_process:
+            from paddlenlp_ext.peft import cast_frozen_base
+
+            # frozen base in bf16 (no fp32 master copy: it gets no gradient), adapters stay fp32
+            cast_frozen_base(model, torch.bfloat16)
+            logger.info("LoRA: frozen base weights held in bf16, adapters in fp32")
     return model
 
 
@@ -131,6 +141,11 @@ def main(argv=None) -> dict:
                        train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
         if model_args.lora:
             save_adapter(trainer, model_args, training_args.output_dir)
+            if model_args.merge_weights:
+                from paddlenlp_ext.peft import merge_lora
+
+                merge_lora(trainer.model)  # fp32 fold, rounded once; the full model goes next to the adapter
+                trainer.save_model()
         else:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)

@@ -299,9 +299,9 @@ class ModelArgument:
     lora_plus_scale: float = field(default=1.0, metadata=_help("LoRA+ learning-rate ratio of B over A."))
     lora_target_modules: Optional[List[str]] = field(default=None, metadata=_help(
         "Regexes of nn.Linear names to adapt (ours); None = all linear layers, as PaddleNLP."))
-    merge_weights: bool = field(default=False, metadata=inert(
-        "run_finetune does not merge at save yet (paddlenlp_ext.peft.merge_lora does it by hand)",
-        help="Merge LoRA into the base weights when saving (ours)."))
+    merge_weights: bool = field(default=False, metadata=_help(
+        "After LoRA training also save the merged model (W + s*B@A folded in fp32, rounded once) as a full HF "
+        "directory next to the adapter (ours; one process only)."))
     use_quick_lora: bool = field(default=False, metadata=inert("no fused quick-LoRA kernel", help="Quick LoRA."))
     pissa: bool = field(default=False, metadata=inert("PiSSA init is not implemented", help="PiSSA."))
     lora_use_mixer: bool = field(default=False, metadata=inert("MosLoRA is not implemented", help="MosLoRA."))

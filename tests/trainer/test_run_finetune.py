@@ -92,6 +92,28 @@ def test_launcher_trains_saves_and_resumes(tiny_job, capsys):
     assert tok.chat_template
 
 
+def test_lora_merge_weights_saves_adapter_and_equal_merged_model(tiny_job):
+    """``lora`` + ``merge_weights``: the PEFT adapter and a merged full model land in output_dir, and the merged
+    model's logits equal base + adapter (the fp32 fold, rounded once)."""
+    from paddlenlp_ext.peft import load_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+
+    mod = _launcher()
+    out = tiny_job / "lora_merged"
+    mod.main(_argv(tiny_job, out, max_steps=2, lora=True, lora_rank=4, merge_weights=True, do_eval=False,
+                   chat_after_train=False, save_strategy="no"))
+    assert (out / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    lora = load_lora(AutoModelForCausalLM.from_pretrained(str(tiny_job / "model")), str(out)).eval()
+    ids = torch.randint(0, 1000, (1, 12))
+    with torch.no_grad():
+        got, ref = merged(input_ids=ids), lora(input_ids=ids)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(str(tiny_job / "model")).eval()(input_ids=ids)
+    assert (ref - base).abs().max() > 1e-4  # the adapter trained to something: the check is not vacuous
+
+
 def test_unknown_key_is_an_error(tiny_job):
     mod = _launcher()
     with pytest.raises(ValueError, match="chat_after_trainn"):
