@@ -450,13 +450,13 @@ def finalize_sft_args(model_args: ModelArgument, data_args: DataArgument,
         logger.warning(msg)
         msgs.append(msg)
 
-    if model_args.flash_mask and (not data_args.zero_padding or not model_args.use_flash_attention):
-        changed = [k for k, v in (("zero_padding", data_args.zero_padding),
-                                  ("use_flash_attention", model_args.use_flash_attention)) if not v]
-        data_args.zero_padding = True
+    if model_args.flash_mask:
+        # Attention always runs through flashmask_attention here, so use_flash_attention is implied (no message);
+        # packing is what flash_mask changes, as in PaddleNLP's run_finetune.py.
         model_args.use_flash_attention = True
-        log("`flash_mask` must use with zero padding and flash attention; forcing "
-            + ", ".join(f"{k}=True" for k in changed))
+        if not data_args.zero_padding:
+            data_args.zero_padding = True
+            log("flash_mask=True packs examples: setting zero_padding=True (PaddleNLP's run_finetune rule)")
     if data_args.greedy_zero_padding and not data_args.zero_padding:
         log("greedy_zero_padding=True has no effect without zero_padding=True")
     if data_args.lazy and training_args.max_steps <= 0:

@@ -273,6 +273,10 @@ class Trainer:
         if resume_path is not None:
             self._load_checkpoint(resume_path)
         acc_steps = int(args.gradient_accumulation_steps)
+        if self.state.global_step >= max_steps:
+            logger.warning("the checkpoint %s is already at step %d of max_steps=%d: nothing to train (raise "
+                           "max_steps, or start over with --overwrite_output_dir true)", resume_path,
+                           self.state.global_step, max_steps)
         logger.info("training: %d optimizer steps (from step %d), %d micro-batch(es) of %d per step, %d data "
                     "rank(s)", max_steps, self.state.global_step, acc_steps, args.per_device_train_batch_size,
                     self.dp.size)

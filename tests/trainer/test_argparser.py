@@ -160,7 +160,10 @@ def test_flash_mask_turns_packing_on_and_reports_it():
     t = SFTConfig(output_dir="o", max_steps=3)
     msgs = finalize_sft_args(m, d, t)
     assert d.zero_padding and m.use_flash_attention
-    assert any("zero_padding=True" in x and "use_flash_attention=True" in x for x in msgs)
+    assert any("zero_padding=True" in x for x in msgs)
+    # already packed: nothing to say (use_flash_attention is implied, attention is always FlashMask here)
+    m1, d1 = ModelArgument(flash_mask=True), DataArgument(zero_padding=True)
+    assert finalize_sft_args(m1, d1, SFTConfig(output_dir="o", max_steps=3)) == [] and m1.use_flash_attention
     m2, d2 = ModelArgument(), DataArgument(lazy=True)
     with pytest.raises(ValueError, match="max_steps must be > 0"):
         finalize_sft_args(m2, d2, SFTConfig(output_dir="o"))
