@@ -24,7 +24,8 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import finish, init_parallel_dims, lora_plus_optimizer, save_adapter
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, lora_plus_optimizer, require_model_path,
+                                         save_adapter)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_dpo_args
 
@@ -38,9 +39,7 @@ def build_policy(model_args, training_args, dpo_config):
     """fp32 policy (bf16 via autocast on CUDA); LoRA adapters applied when ``dpo_config.lora``."""
     from paddlenlp_ext.transformers import AutoModelForCausalLM
 
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required (a local HF directory or "
-                         "'HuggingFaceTB/SmolLM2-135M-Instruct')")
+    require_model_path(model_args)
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=torch.float32,
                                                  recompute=training_args.recompute)
     if dpo_config.lora:
@@ -64,7 +63,7 @@ def main(argv=None) -> dict:
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
 
-    from paddlenlp_ext.datasets.preference import PreferenceCollator, create_preference_datasets
+    from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer
     from paddlenlp_ext.trl.dpo_trainer import DPOTrainer
 
@@ -79,14 +78,9 @@ def main(argv=None) -> dict:
         model = parallelize_model(model, parallel_dims, training_args)
         if ref_model is not None:
             ref_model = parallelize_model(ref_model, parallel_dims, training_args)
-    datasets = create_preference_datasets(data_args, tokenizer, layout="dpo")
-    train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
-    for split, ds in datasets.items():
-        if hasattr(ds, "__len__"):
-            logger.info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_seq_len)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="dpo")
     trainer = DPOTrainer(model, training_args, dpo_config=dpo_config, ref_model=ref_model, train_dataset=train_ds,
-                         eval_dataset=dev_ds, data_collator=PreferenceCollator(data_args.max_seq_len, pad),
+                         eval_dataset=dev_ds, data_collator=collator,
                          tokenizer=tokenizer, parallel_dims=parallel_dims)
     trainer.optimizer = lora_plus_optimizer(trainer.model, model_args, training_args, dpo_config.lora)
     if dpo_config.precompute_reference_logps:

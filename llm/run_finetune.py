@@ -26,7 +26,7 @@ import torch
 from paddlenlp_ext.trainer import Trainer, finalize_sft_args, list_checkpoints, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, lora_plus_optimizer,
-                                         save_adapter)
+                                         require_model_path, save_adapter)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -57,10 +57,7 @@ def build_model(model_args, training_args):
     """Model in fp32 (bf16 comes from autocast / FSDP mixed precision on CUDA), LoRA applied when ``lora``."""
     from paddlenlp_ext.transformers import AutoConfig, AutoModelForCausalLM
 
-    name = model_args.model_name_or_path
-    if not name:
-        raise ValueError("model_name_or_path is required (a local HF directory or "
-                         "'HuggingFaceTB/SmolLM2-135M-Instruct')")
+    name = require_model_path(model_args)
     if model_args.continue_training:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, recompute=training_args.recompute)
     else:

@@ -23,7 +23,7 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import finish, init_parallel_dims
+from paddlenlp_ext.trainer.launch import finish, init_parallel_dims, require_model_path
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -40,14 +40,12 @@ def main(argv=None) -> dict:
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
 
-    from paddlenlp_ext.datasets.preference import PreferenceCollator, create_preference_datasets
+    from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
     from paddlenlp_ext.trl.reward_model import LlamaForScore
     from paddlenlp_ext.trl.rm_trainer import RewardTrainer
 
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required (a local HF directory or "
-                         "'HuggingFaceTB/SmolLM2-135M-Instruct')")
+    require_model_path(model_args)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
     path = resolve_model_name_or_path(model_args.model_name_or_path)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
@@ -55,14 +53,9 @@ def main(argv=None) -> dict:
         from paddlenlp_ext.distributed import parallelize_model
 
         model = parallelize_model(model, parallel_dims, training_args)
-    datasets = create_preference_datasets(data_args, tokenizer, layout="rm")
-    train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
-    for split, ds in datasets.items():
-        if hasattr(ds, "__len__"):
-            logger.info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_seq_len)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="rm")
     trainer = RewardTrainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
-                            data_collator=PreferenceCollator(data_args.max_seq_len, pad), tokenizer=tokenizer,
+                            data_collator=collator, tokenizer=tokenizer,
                             parallel_dims=parallel_dims)
 
     summary: dict = {"output_dir": training_args.output_dir}

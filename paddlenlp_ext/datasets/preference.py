@@ -346,3 +346,17 @@ class PreferenceCollator:
             for k in REFERENCE_KEYS:
                 batch[k] = torch.tensor([v for p in packs for v in p[k]], dtype=torch.float32)  # [N_pairs]
         return batch
+
+
+def build_preference_data(data_args, tokenizer, layout: str):
+    """``(train_ds, dev_ds, collator)`` for ``run_dpo.py`` / ``run_reward.py``: the packed splits of
+    :func:`create_preference_datasets` (None for a split without a path) and a :class:`PreferenceCollator` padding
+    to ``max_seq_len`` with the tokenizer's pad id (else its eos id, else 0). Logs the pack counts."""
+    import logging
+
+    datasets = create_preference_datasets(data_args, tokenizer, layout=layout)
+    for split, ds in datasets.items():
+        if hasattr(ds, "__len__"):
+            logging.getLogger(__name__).info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_seq_len)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return datasets.get("train"), datasets.get("dev"), PreferenceCollator(data_args.max_seq_len, pad)

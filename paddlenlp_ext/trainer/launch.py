@@ -25,6 +25,14 @@ def init_parallel_dims(training_args):
     return init_distributed(training_args)
 
 
+def require_model_path(model_args) -> str:
+    """``model_args.model_name_or_path``, or a ValueError saying what it may be."""
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is required: a local Hugging Face model directory, or "
+                         "'HuggingFaceTB/SmolLM2-135M-Instruct' (the embedded default)")
+    return model_args.model_name_or_path
+
+
 def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
