@@ -73,6 +73,8 @@ class ParallelDims:
         sequence_parallel: TP sequence parallelism (norms and the residual stream sharded over the sequence).
         tensor_parallel_output: keep logits vocab-sharded and use a vocab-parallel cross entropy
             (``torch.distributed.tensor.parallel.loss_parallel``).
+        tp_fp32_reduce: reduce the row-parallel partial sums (o/down projections) in fp32 when they are
+            bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``). Default True.
 
     Raises:
         ValueError: degrees whose product is not ``world_size``, a degree < 1 other than -1,
@@ -88,6 +90,7 @@ class ParallelDims:
     sequence_parallel: bool = False
     tensor_parallel_output: bool = False
     device_type: str = "cpu"
+    tp_fp32_reduce: bool = True
     mesh: Any = field(default=None, repr=False)
     batch_mesh: Any = field(default=None, repr=False)
 

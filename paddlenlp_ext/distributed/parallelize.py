@@ -95,41 +95,18 @@ def _shard_param(module: nn.Module, pname: str, device_mesh, placement) -> None:
 
 
 def _colwise(lora: bool, **kwargs):
-    """``ColwiseParallel``; for a ``LoRALinear`` (``paddlenlp_ext.peft``) also split ``lora_B [out, r]`` on
-    ``out`` and replicate ``lora_A [r, in]`` (PaddleNLP ``ColumnParallelLoRALinear``)."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel
+    """``ColwiseParallel``; for a ``LoRALinear`` also split ``lora_B`` on ``out`` (see ``tp_styles``)."""
+    from .tp_styles import colwise_style
 
-    if not lora:
-        return ColwiseParallel(**kwargs)
-
-    class LoRAColwiseParallel(ColwiseParallel):
-        def _partition_linear_fn(self, name, module, device_mesh):
-            # Called once per submodule: "" is the base Linear, "lora_B" the up-projection; the rest
-            # (lora_A, dropout) is replicated by distribute_module.
-            if name in ("", "lora_B"):
-                _shard_param(module, "weight", device_mesh, Shard(0))
-                _shard_param(module, "bias", device_mesh, Shard(0))
-
-    return LoRAColwiseParallel(**kwargs)
+    return colwise_style(lora, **kwargs)
 
 
-def _rowwise(lora: bool, **kwargs):
-    """``RowwiseParallel``; for a ``LoRALinear`` also split ``lora_A [r, in]`` on ``in`` and replicate
-    ``lora_B [out, r]`` (PaddleNLP ``RowParallelLoRALinear``). Both branches give partial sums that the
-    output all-reduce (or reduce-scatter) completes together."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import RowwiseParallel
+def _rowwise(lora: bool, fp32_reduce: bool = True, **kwargs):
+    """``RowwiseParallel`` reducing bf16 partial sums in fp32; for a ``LoRALinear`` also split ``lora_A`` on
+    ``in`` (see ``tp_styles``)."""
+    from .tp_styles import rowwise_style
 
-    if not lora:
-        return RowwiseParallel(**kwargs)
-
-    class LoRARowwiseParallel(RowwiseParallel):
-        def _partition_linear_fn(self, name, module, device_mesh):
-            if name in ("", "lora_A"):
-                _shard_param(module, "weight", device_mesh, Shard(1))  # bias stays replicated
-
-    return LoRARowwiseParallel(**kwargs)
+    return rowwise_style(lora, fp32_reduce=fp32_reduce, **kwargs)
 
 
 def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, Any]:
@@ -160,19 +137,58 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
                          f"tensor_parallel_degree ({parallel_dims.tp})")
     if sp:
         plan["model.norm"] = SequenceParallel()
-    layer = "model.layers.*."
     # LoRA wraps the projections in place (same names); the styles then also place the adapters.
     lora = any(_is_lora(m) for m in model.modules())
+    fp32 = getattr(parallel_dims, "tp_fp32_reduce", True)
+    if any(n.endswith("qkv_gate_up_proj") for n, _ in model.named_modules()):
+        plan.update(_ernie_layer_plan(model, config, lora, fp32, residual, sp))
+        return plan
+    layer = "model.layers.*."
     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
         plan[layer + name] = _colwise(lora)
-    plan[layer + "self_attn.o_proj"] = _rowwise(lora, output_layouts=residual)
-    plan[layer + "mlp.down_proj"] = _rowwise(lora, output_layouts=residual)
+    plan[layer + "self_attn.o_proj"] = _rowwise(lora, fp32, output_layouts=residual)
+    plan[layer + "mlp.down_proj"] = _rowwise(lora, fp32, output_layouts=residual)
     if sp:
         plan[layer + "input_layernorm"] = SequenceParallel()
         plan[layer + "post_attention_layernorm"] = SequenceParallel()
         # Only the hidden states (first positional input) are gathered; rope / mask inputs are replicated.
         plan[layer + "self_attn"] = _gather_sequence_style()
         plan[layer + "mlp"] = _gather_sequence_style()
+    return plan
+
+
+_ERNIE_COL = re.compile(r"layers\.\d+\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)$")
+_ERNIE_ROW = re.compile(r"layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)$")
+_ERNIE_NORM = re.compile(r"layers\.\d+\.(input_layernorm|post_attention_layernorm)$")
+_ERNIE_BLOCK = re.compile(r"layers\.\d+\.(self_attn|mlp|self_attn_mlp)$")
+
+
+def _ernie_layer_plan(model: nn.Module, config: Any, lora: bool, fp32: bool, residual, sp: bool) -> dict[str, Any]:
+    """Per-module TP entries of ERNIE-3.5-SE's decoder layers (explicit names: layers differ in structure).
+
+    Head layer ``self_attn.{q,k,v,o}_proj`` and tail layer ``mlp.{gate,up,down}_proj`` as Llama's. Fused layers:
+    ``self_attn_mlp.qkv_gate_up_proj`` (rows ``[QKV 3H | G I | U I]``, QKV head-interleaved) column-parallel with
+    its rows permuted so rank r holds ``[QKV_r | G_r | U_r]`` (whole heads ``r*n/tp ...``, FFN columns
+    ``r*I/tp ...``); ``self_attn_mlp.o_proj`` (input ``[FFN I | ATTN H]``) row-parallel with its columns permuted
+    to ``[FFN_r | ATTN_r]`` (PaddleNLP splits the same blocks).
+    """
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    h, i = config.hidden_size, config.intermediate_size
+    plan: dict[str, Any] = {}
+    for name, _ in model.named_modules():
+        if _ERNIE_COL.search(name):
+            plan[name] = _colwise(lora)
+        elif _ERNIE_ROW.search(name):
+            plan[name] = _rowwise(lora, fp32, output_layouts=residual)
+        elif name.endswith("self_attn_mlp.qkv_gate_up_proj"):
+            plan[name] = _colwise(lora, blocks=(3 * h, i, i))
+        elif name.endswith("self_attn_mlp.o_proj"):
+            plan[name] = _rowwise(lora, fp32, blocks=(i, h), output_layouts=residual)
+        elif sp and _ERNIE_NORM.search(name):
+            plan[name] = SequenceParallel()
+        elif sp and _ERNIE_BLOCK.search(name):
+            plan[name] = _gather_sequence_style()
     return plan
 
 
@@ -185,13 +201,6 @@ def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     names = {n for n, _ in model.named_modules()}
-    fused = sorted(n for n in names if n.endswith("qkv_gate_up_proj"))
-    if fused:
-        # Rank r must hold [QKV_r | G_r | U_r] of the fused [3H + 2I, H] weight: no single DTensor placement
-        # gives that, and the ERNIE attention reshapes with the global head count.
-        raise ValueError(f"tensor_parallel_degree={parallel_dims.tp}: tensor parallelism of ERNIE's fused "
-                         f"qkv_gate_up_proj ({fused[0]}, ...) is not implemented; use sharding (FSDP) with "
-                         f"tensor_parallel_degree=1 for ERNIE-3.5-SE")
     tied = _is_tied(model)
     plan = llama_tp_plan(model, parallel_dims)
     for fqn in plan:

@@ -64,7 +64,8 @@ class Ernie35Attention(nn.Module):
 
     def forward(self, x, cos, sin, startend=None):
         bsz, seq, _ = x.shape
-        shape = (bsz, seq, self.num_heads, self.head_dim)
+        # -1 heads: the projections may hold only some of the heads (their weights split from outside)
+        shape = (bsz, seq, -1, self.head_dim)
         q, k, v = self.q_proj(x).view(shape), self.k_proj(x).view(shape), self.v_proj(x).view(shape)
         return self.o_proj(_attention(q, k, v, cos, sin, startend))
 
@@ -91,7 +92,8 @@ class Ernie35MLPAttention(nn.Module):
     (PaddleNLP names G ``up_states`` and U ``gate_states``; the maths is the same). ``o_proj``: ``I + H -> H`` over
     ``concat([ffn_out, attn_out], -1)``, FFN first.
 
-    ``forward(x [B, L, H], cos, sin, startend) -> [B, L, H]``.
+    ``forward(x [B, L, H], cos, sin, startend) -> [B, L, H]``. The head count and FFN width are read from the
+    projection's output, so the weights may be split from outside (TP: ``paddlenlp_ext.distributed``).
     """
 
     def __init__(self, config: Ernie35Config):
@@ -103,10 +105,18 @@ class Ernie35MLPAttention(nn.Module):
 
     def forward(self, x, cos, sin, startend=None):
         bsz, seq, hidden = x.shape
-        mix, g, u = self.qkv_gate_up_proj(x).split([3 * hidden, self.intermediate_size, self.intermediate_size], -1)
-        q, k, v = mix.reshape(bsz, seq, self.num_heads, 3 * self.head_dim).chunk(3, dim=-1)  # each [B, L, H, D]
-        attn = _attention(q, k, v, cos, sin, startend)  # [B, L, H]
-        ffn = F.silu(g) * u  # [B, L, I]
+        fused = self.qkv_gate_up_proj(x)  # [B, L, 3h + 2i]
+        # Widths read from the output: the projection may hold a 1/k share of every block (heads and FFN columns
+        # split from outside, rows ordered [QKV share | G share | U share]); h : i stays hidden : intermediate.
+        share = (3 * hidden + 2 * self.intermediate_size) // fused.shape[-1]
+        h, i = hidden // share, self.intermediate_size // share
+        if 3 * h + 2 * i != fused.shape[-1]:
+            raise ValueError(f"qkv_gate_up_proj output width {fused.shape[-1]} is not a 1/{share} share of "
+                             f"[3 x {hidden} | {self.intermediate_size} | {self.intermediate_size}]")
+        mix, g, u = fused.split([3 * h, i, i], -1)
+        q, k, v = mix.reshape(bsz, seq, -1, 3 * self.head_dim).chunk(3, dim=-1)  # each [B, L, h / D, D]
+        attn = _attention(q, k, v, cos, sin, startend)  # [B, L, h]
+        ffn = F.silu(g) * u  # [B, L, i]
         return self.o_proj(torch.cat([ffn, attn], dim=-1))
 
 
