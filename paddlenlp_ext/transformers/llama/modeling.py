@@ -5,6 +5,10 @@ Llama-3 scaling, GQA, SwiGLU, no biases by default) and PaddleNLP's ``paddlenlp/
 routing: with ``attn_mask_startend_row_indices`` every layer calls ``flashmask_attention`` and RoPE positions come
 from ``position_ids`` (they restart per packed example). No parallelism and no LoRA switches live here.
 
+Fused ops (PaddleNLP keys, read from the config at forward time, default off; set them with
+``paddlenlp_ext.ops.set_llm_config``): ``use_fused_rms_norm``, ``use_fused_rope``, ``use_fused_swiglu`` route
+RMSNorm / RoPE / SwiGLU through ``paddlenlp_ext.ops`` (``torch.compile``d on CUDA, the same eager math elsewhere).
+
 Shape legend: B batch, L sequence, E hidden_size, H / H_k query / key-value heads, D head_dim, V vocab.
 """
 
@@ -18,6 +22,8 @@ import torch.utils.checkpoint
 from flashmask import flashmask_attention
 from torch import nn
 
+from paddlenlp_ext.ops import fused_flag, fused_rms_norm, fused_rope, fused_swiglu
+
 from ..cache import KVCache
 from ..model_utils import PretrainedMixin
 from .configuration import LlamaConfig
@@ -26,12 +32,15 @@ from .configuration import LlamaConfig
 class LlamaRMSNorm(nn.Module):
     """RMSNorm: ``w * x / sqrt(mean(x^2) + eps)``, statistics in fp32, output in the input dtype (HF order)."""
 
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, config: LlamaConfig | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.variance_epsilon = eps
+        self.config = config  # only read for use_fused_rms_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., E] -> [..., E]
+        if fused_flag(self.config, "use_fused_rms_norm"):
+            return fused_rms_norm(x, self.weight, self.variance_epsilon)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
@@ -88,6 +97,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
+        self.config = config
         self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
                                                            config.head_dim)
         e, b = config.hidden_size, config.attention_bias
@@ -103,7 +113,10 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(bsz, seq, -1, self.head_dim)  # [B, L, H, D]
         k = self.k_proj(x).view(bsz, seq, -1, self.head_dim)  # [B, L, H_k, D]
         v = self.v_proj(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if fused_flag(self.config, "use_fused_rope"):
+            q, k = fused_rope(q, k, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         causal = True
         if kv_cache is not None:
             decoding = kv_cache.seen > 0
@@ -119,11 +132,14 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         e, f, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.config = config
         self.gate_proj = nn.Linear(e, f, bias=b)
         self.up_proj = nn.Linear(e, f, bias=b)
         self.down_proj = nn.Linear(f, e, bias=b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, L, E] -> [B, L, E]
+        if fused_flag(self.config, "use_fused_swiglu"):
+            return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -134,8 +150,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx)
         self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config)
 
     def forward(self, x, cos, sin, startend_row_indices=None, kv_cache=None):  # [B, L, E] -> [B, L, E]
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, startend_row_indices, kv_cache)
@@ -162,7 +178,7 @@ class LlamaModel(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attn_mask_startend_row_indices: torch.Tensor | None = None,
