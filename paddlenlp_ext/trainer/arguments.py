@@ -148,14 +148,21 @@ class TrainingArguments:
     offload_recompute_inputs: bool = field(default=False, metadata=inert("no CPU offload of recompute inputs",
                                                                          help="Offload recompute inputs."))
 
-    # fused kernels that PaddleNLP switches per flag (LlmMeta); the PyTorch model picks its own ops
-    use_fused_rms_norm: bool = field(default=False, metadata=inert("the model picks its ops", help="Fused RMSNorm."))
-    use_fused_rope: bool = field(default=False, metadata=inert("the model picks its ops", help="Fused RoPE."))
-    use_fused_linear: bool = field(default=False, metadata=inert("the model picks its ops", help="Fused linear."))
-    use_fused_dropout_add: bool = field(default=False, metadata=inert("the model picks its ops",
+    # fused kernels that PaddleNLP switches per flag (LlmMeta). paddlenlp_ext.ops.set_llm_config copies the
+    # use_fused_* keys onto the model config (PaddleNLP's LlmMetaConfig.set_llm_config); the model reads them.
+    use_fused_rms_norm: bool = field(default=False, metadata=_help(
+        "RMSNorm through one torch.compile'd kernel on CUDA (eager on CPU / DTensors); same HF-order math."))
+    use_fused_rope: bool = field(default=False, metadata=_help(
+        "RoPE of q and k in one torch.compile'd region on CUDA (eager on CPU / DTensors)."))
+    use_fused_swiglu: bool = field(default=False, metadata=_help(
+        "silu(gate)*up as one torch.compile'd kernel on CUDA (ours: PaddleNLP always uses its fused swiglu op)."))
+    use_fused_linear: bool = field(default=False, metadata=inert("the linears already run as single GEMMs",
+                                                                 help="Fused linear."))
+    use_fused_dropout_add: bool = field(default=False, metadata=inert("the models have no dropout",
                                                                       help="Fused dropout-add."))
-    use_fused_linear_cross_entropy: bool = field(default=False, metadata=inert(
-        "the loss picks its own chunking", help="Fused linear + cross entropy."))
+    use_fused_linear_cross_entropy: bool = field(default=True, metadata=_help(
+        "LM head + cross entropy chunked over tokens without full [tokens, vocab] logits (SFT loss; not under "
+        "tensor parallelism). Default True (PaddleNLP: False): numerically the unfused formula, less memory."))
 
     # checkpoints and resume
     unified_checkpoint: bool = field(default=False, metadata=inert(
