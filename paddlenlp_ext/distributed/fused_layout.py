@@ -107,32 +107,39 @@ def _fused_params() -> dict[int, tuple[torch.Tensor, int, torch.Tensor]]:
     return out
 
 
-def _optimizer_layouts(optimizer) -> dict[int, tuple[torch.Tensor, int, torch.Tensor]]:
-    """State-dict id (position over all param groups, as ``Optimizer.state_dict`` numbers them) -> layout."""
+def _optimizer_layouts(optimizer, state_dict: dict | None = None) -> dict:
+    """State key -> ``(param, dim, index)`` of the optimizer's permuted parameters.
+
+    Keys are those of ``state_dict["param_groups"][*]["params"]`` matched by position with the optimizer's
+    own ``param_groups`` (``Optimizer.load_state_dict``'s rule): ints from ``Optimizer.state_dict()``, parameter
+    FQNs from DCP's ``set_state_dict``. Without ``state_dict``, the position itself.
+    """
     fused = _fused_params()
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    return {pid: fused[id(p)] for pid, p in enumerate(params) if id(p) in fused}
+    keys = list(range(len(params))) if state_dict is None else \
+        [k for g in state_dict.get("param_groups", []) for k in g["params"]]
+    return {key: fused[id(p)] for key, p in zip(keys, params) if id(p) in fused}
 
 
 def _convert_states(states: dict, layouts: dict, to_natural: bool) -> dict:
     out = dict(states)  # the values are the optimizer's live per-parameter dicts: never modify them in place
-    for pid, (param, dim, index) in layouts.items():
-        if pid in out:
+    for key, (param, dim, index) in layouts.items():
+        if key in out:
             idx = _inverse(index) if to_natural else index
-            out[pid] = {k: (relayout(v, dim, idx) if isinstance(v, torch.Tensor) and v.shape == param.shape else v)
-                        for k, v in out[pid].items()}
+            out[key] = {k: (relayout(v, dim, idx) if isinstance(v, torch.Tensor) and v.shape == param.shape else v)
+                        for k, v in out[key].items()}
     return out
 
 
 def _optim_state_dict_post_hook(optimizer, state_dict):
-    layouts = _optimizer_layouts(optimizer)
+    layouts = _optimizer_layouts(optimizer, state_dict)
     if layouts:
         state_dict["state"] = _convert_states(state_dict["state"], layouts, to_natural=True)
     return state_dict
 
 
 def _optim_load_pre_hook(optimizer, state_dict):
-    layouts = _optimizer_layouts(optimizer)
+    layouts = _optimizer_layouts(optimizer, state_dict)
     if not layouts:
         return state_dict
     state_dict = dict(state_dict)

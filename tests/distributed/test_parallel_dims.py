@@ -90,14 +90,21 @@ def test_dp_slice_rejects_uneven_batch():
         dp_slice(4, d)
 
 
-def test_ernie_fused_projection_rejected_under_tp():
-    from paddlenlp_ext.distributed import apply_tp
-    from paddlenlp_ext.transformers.ernie35 import Ernie35Config, Ernie35ForCausalLM
+def test_rank_major_index_puts_each_ranks_blocks_together():
+    """ERNIE's fused rows [QKV 3H | G I | U I] (H=4, I=2 here, tp 2): rank r's slice = [QKV_r | G_r | U_r]."""
+    from paddlenlp_ext.distributed.tp_styles import rank_major_index
 
-    model = Ernie35ForCausalLM(Ernie35Config(vocab_size=128, hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=3, num_attention_heads=4))
-    with pytest.raises(ValueError, match="fused qkv_gate_up_proj .* is not implemented; use sharding"):
-        apply_tp(model, dims(world_size=2, tp=2))
+    idx = rank_major_index([12, 2, 2], 2)
+    assert idx.tolist() == [0, 1, 2, 3, 4, 5, 12, 14, 6, 7, 8, 9, 10, 11, 13, 15]
+    assert sorted(idx.tolist()) == list(range(16))
+    assert rank_major_index([12, 2, 2], 1).tolist() == list(range(16))  # TP 1: natural order
+
+
+def test_rank_major_index_rejects_uneven_block():
+    from paddlenlp_ext.distributed.tp_styles import rank_major_index
+
+    with pytest.raises(ValueError, match=r"block 1 of size 3 is not divisible by tensor_parallel_degree=2"):
+        rank_major_index([12, 3, 3], 2)
 
 
 def test_pipeline_parallel_rejected(monkeypatch):

@@ -11,7 +11,8 @@ A scenario is a dict:
 - ``load``/``save_at``/``save``: DCP checkpoint dirs and the step after which to save;
 - ``export`` (+ ``export_max_shard_bytes``): gathered HF dir; ``adapters``: gathered PEFT dir;
 - ``clip`` (+ ``clip_impl``: ``"torch"``): clip threshold; ``hidden_path``: loss via ``hidden_states_and_head``;
-- ``eval_after``: no-grad loss on batch ``end``; ``seq``: sequence length; ``expect_error``: record a ValueError.
+- ``eval_after``: no-grad loss on batch ``end``; ``seq``: sequence length; ``expect_error``: record a ValueError;
+- ``record_local_shapes``: also return rank 0's local shape of every projection parameter.
 
 Steps are deterministic: global batch ``k`` is built from seed ``k``; each rank trains on its dp slice.
 """
@@ -111,9 +112,12 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     if world_size > 1:
         dims.build_mesh()
     if sc.get("from_pretrained"):
-        from paddlenlp_ext.transformers.llama import LlamaForCausalLM
+        if sc.get("model") == "ernie":
+            from paddlenlp_ext.transformers.ernie35 import Ernie35ForCausalLM as cls
+        else:
+            from paddlenlp_ext.transformers.llama import LlamaForCausalLM as cls
 
-        model = LlamaForCausalLM.from_pretrained(sc["from_pretrained"])
+        model = cls.from_pretrained(sc["from_pretrained"])
     else:
         model = build_model(sc.get("tied", False), sc.get("model", "llama"), sc.get("vocab", 128))
     if sc.get("lora"):
@@ -199,6 +203,11 @@ def run_scenario(sc: dict, world_size: int) -> dict:
 
         save_full_adapters(model, sc["adapters"])
     out = {"losses": losses, "grad_norms": norms}
+    if sc.get("record_local_shapes"):  # what this rank holds of the fused / split projections
+        from torch.distributed.tensor import DTensor
+
+        out["local_shapes"] = {n: list(p.to_local().shape if isinstance(p, DTensor) else p.shape)
+                               for n, p in model.named_parameters() if "proj" in n}
     if sc.get("eval_after"):
         out["eval_loss"] = eval_loss
         out["sharded_after_eval"] = sharded_after_eval
