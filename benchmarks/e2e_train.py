@@ -1,9 +1,8 @@
-"""End-to-end SFT training speed (issue 8): tokens/s, MFU, peak memory and the longest trainable context.
+"""End-to-end training speed (issue 8): tokens/s, MFU, peak memory, a kernel profile and the longest context.
 
-One process, one GPU. Every setup trains the same randomly initialised Llama-3.2-1B-shaped model (hidden 2048,
-16 layers, 32/8 heads, head_dim 64, intermediate 8192, vocab 128256, tied embeddings; fp32 weights, bf16
-autocast, fused fp32 AdamW) on the same synthetic token stream, and differs only in how batches are formed and
-how attention is computed:
+One process, one GPU. Every setup trains the same randomly initialised model (``--model``: ``llama1b`` default,
+``llama8b_lora``, ``ernie3b``; see ``e2e_models.py``) on the same synthetic token stream and differs only in how
+batches are formed, how attention is computed and which fused ops / loss run:
 
 | setup | batches | attention |
 |---|---|---|
@@ -13,25 +12,36 @@ how attention is computed:
 | ``flex`` | packs | ``flashmask.flex.flex_flashmask_attention`` (compiled FlexAttention, BlockMask from the LTS) |
 | ``naive_packed`` | packs | SDPA ``is_causal=True`` (FlashAttention-2 backend): no isolation between examples |
 | ``hf_padded`` | ``--batch_size`` examples, padded | ``transformers.LlamaForCausalLM``, ``attn_implementation="sdpa"`` |
+| ``dpo_shared`` / ``dpo_separate`` | preference packs (``e2e_dpo.py``) | FlashMask; share-question vs separate sequences |
 
-The backends of our model are switched by monkeypatching ``paddlenlp_ext.transformers.llama.modeling.
-flashmask_attention`` (the model code is unchanged). Data: example lengths are drawn from a log-normal with
-median 661 and mean 1074 tokens (sigma = sqrt(2 ln(1074/661)) = 0.985, p99 ~ 6500), clipped to
-``[16, pack_len]``; token ids are uniform; the first third of each example is prompt (labels -100), the rest
-response. The records are packed with the real ``ZeroPaddingMapDataset(greedy_zero_padding=True)`` and padded with
-``collate_packs``; the padded setups take exactly the records of the same packs, in pack order, ``--batch_size``
-at a time (``one_per_pack`` packs, dynamic padding to a multiple of 64).
+Levers per setup, as ``setup:key=value`` (e.g. ``ours:loss=full:fused=off``; defaults ``--loss``, ``--fused``):
+``loss``: ``fused`` = the trainer's ``sft_loss`` (fused linear cross entropy over supervised rows, the default),
+``fused_allrows`` (fused, every row, no host sync), ``full`` (``[T, V]`` fp32 logits, the old path), ``chunked``
+(checkpointed 4096-row chunks); ``fused``: ``on`` = ``use_fused_rms_norm/rope/swiglu`` (torch.compile'd on CUDA).
+Aliases: ``ours_nofuse`` = ``ours:loss=full:fused=off`` (the pre-fusion baseline), ``ours_noew`` =
+``ours:fused=off``, ``ours_fullce`` = ``ours:loss=full``.
 
-Metrics (time measured between two ``cuda.synchronize`` calls around the timed steps only):
-- effective tokens/s = non-padding tokens of the timed steps / seconds.
-- MFU = (6 * N * tokens + 12 * n_layers * H_q * head_dim * sum_docs n_doc (n_doc + 1) / 2) / seconds / 989e12,
-  N = unique parameters (tied embedding counted once; it is the LM head matmul); attention FLOPs count only
-  unmasked (query, key) pairs of real tokens (forward 4*D*H per pair, backward twice that). Recompute and padding
-  work are not counted, so this is model-FLOPs utilisation of useful work.
-- peak GiB = ``torch.cuda.max_memory_allocated`` over the setup (weights, AdamW state, activations).
+The attention backends of our models are switched by monkeypatching ``flashmask_attention`` (model code unchanged).
+Data: example lengths ~ log-normal with median 661 and mean 1074 tokens (sigma = sqrt(2 ln(1074/661)) = 0.985, p99
+~ 6500), clipped to ``[16, pack_len]``; token ids uniform; the first third of each example is prompt (labels
+-100). Records are packed with the real ``ZeroPaddingMapDataset(greedy_zero_padding=True)`` and ``collate_packs``;
+the padded setups take exactly the records of the same packs, in pack order, ``--batch_size`` at a time.
+Every batch is on the device before timing, and FlashMask's index range check (a host sync, cached on the index
+tensor) is done then too, so the timed step has no host sync except ``sft_loss``'s one read of the supervised row
+count before the forward (``loss=fused``; ``fused_allrows`` has none) and the trl label checks of the DPO rows.
 
-Usage: ``python benchmarks/e2e_train.py --setups ours,padded,sdpa_dense,flex,hf_padded --pack_len 8192
---steps 10 --warmup 3 [--longest] --out e2e.json``; ``--tiny`` runs a toy model on CPU (debugging only).
+Metrics (time between two ``cuda.synchronize`` calls around the timed steps only):
+- effective tokens/s = non-padding tokens of the timed steps / seconds (DPO rows also give preference pairs/s).
+- MFU = model FLOPs / seconds / 989e12, FLOPs = ``(4 N + 2 N_train) T + 12 n_layers H_q D P`` (``e2e_models.py``:
+  6 N T for full fine-tuning, N without an untied input embedding), P = unmasked causal (query, key) pairs of real
+  tokens, counted from the LTS vectors. Recompute and padding work are not counted.
+- peak GiB = ``torch.cuda.max_memory_allocated`` from after the model is built (weights, AdamW, activations).
+
+``--profile``: torch.profiler over 2 steps of ``ours`` (after one warm-up step); the top 25 CUDA kernels by total
+time (name, calls, ms, %) go to stdout and the JSON (``e2e_profile.py``).
+
+Usage: ``python benchmarks/e2e_train.py --setups ours,ours_nofuse,flex,naive_packed,hf_padded --pack_len 8192
+--steps 10 --warmup 3 [--profile] [--longest] --out e2e.json``; ``--tiny`` runs toy models on CPU (smoke test).
 """
 
 from __future__ import annotations
@@ -40,36 +50,35 @@ import argparse
 import gc
 import json
 import math
+import os
 import platform
 import sys
 import time
 import traceback
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-import paddlenlp_ext.transformers.llama.modeling as llama_modeling
-from paddlenlp_ext.datasets import ZeroPaddingMapDataset, collate_packs
-from paddlenlp_ext.trainer.loss import IGNORE_INDEX, count_real_tokens, sft_loss
-from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import e2e_dpo  # noqa: E402
+import e2e_models  # noqa: E402
+from e2e_models import LLAMA_1B, TINY  # noqa: E402,F401  (re-exported for callers of this script)
+
+from paddlenlp_ext.datasets import ZeroPaddingMapDataset, collate_packs  # noqa: E402
+from paddlenlp_ext.ops import fused_linear_cross_entropy  # noqa: E402
+from paddlenlp_ext.trainer.loss import IGNORE_INDEX, count_real_tokens, sft_loss  # noqa: E402
 
 PEAK_BF16_FLOPS = 989e12  # H200 / H100 SXM dense bf16 peak
 MEDIAN, MEAN = 661.0, 1074.0  # chat-example length distribution (tokens)
 SIGMA = math.sqrt(2 * math.log(MEAN / MEDIAN))
-ALL_SETUPS = ("ours", "padded", "sdpa_dense", "flex", "naive_packed", "hf_padded")
+ALL_SETUPS = ("ours", "padded", "sdpa_dense", "flex", "naive_packed", "hf_padded", "dpo_shared", "dpo_separate")
 PACKED = ("ours", "sdpa_dense", "flex", "naive_packed")
-
-LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-                rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5,
-                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, rope_theta=10000.0,
-            max_position_embeddings=4096, rms_norm_eps=1e-5, rope_scaling=None)
+DPO = ("dpo_shared", "dpo_separate")
+ALIASES = {"ours_nofuse": "ours:loss=full:fused=off", "ours_noew": "ours:fused=off", "ours_fullce": "ours:loss=full"}
+LOSSES = ("fused", "fused_allrows", "full", "chunked")
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -142,7 +151,22 @@ def make_batches(setup: str, packs: list[dict], pack_len: int, batch_size: int, 
             assert int(count_real_tokens(b)) == b["_tokens"]
             chunk.append({k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in b.items()})
         out.append(chunk)
+    prime_mask_checks(out)
     return out  # list (per pack) of lists of batches
+
+
+def prime_mask_checks(groups: list[list[dict]]) -> None:
+    """Run FlashMask's index-range check (a device-to-host read, cached on the index tensor) on every batch now,
+    outside the timed steps, as a data loader would while the previous step runs."""
+    try:
+        from flashmask.api import _index_range
+    except ImportError:  # pragma: no cover - an api without the cache
+        return
+    for group in groups:
+        for b in group:
+            sri = b.get("attn_mask_startend_row_indices")
+            if sri is not None and sri.numel():
+                _index_range(sri)
 
 
 # ----------------------------------------------------------------------------------------------- attention backends
@@ -193,53 +217,67 @@ BACKENDS = {"sdpa_dense": sdpa_dense_attention, "naive_packed": naive_causal_att
             "flex": flex_attention_backend}
 
 
-# ----------------------------------------------------------------------------------------------- models and loss
-def build_model(setup: str, cfg: dict, device, recompute: bool):
-    """fp32 model on ``device``: ours (LlamaForCausalLM of paddlenlp_ext) or transformers' (setup hf_padded)."""
-    if setup == "hf_padded":
-        import transformers
-        hcfg = transformers.LlamaConfig(**{k: v for k, v in cfg.items()}, attention_bias=False, mlp_bias=False)
-        hcfg._attn_implementation = "sdpa"
-        with torch.device(device):
-            model = transformers.LlamaForCausalLM(hcfg)
-        if recompute:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-        return model.train()
-    with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(**cfg, recompute=recompute))
-    return model.train()
+# ----------------------------------------------------------------------------------------------- setups and loss
+def parse_setup(spec: str, loss: str, fused: str) -> dict:
+    """``"ours:loss=full:fused=off"`` -> ``{"label", "base", "loss", "fused"}`` (defaults from the CLI).
+
+    Raises:
+        ValueError: unknown setup, key or value (the message lists the valid ones).
+    """
+    label = spec
+    spec = ALIASES.get(spec, spec)
+    base, *opts = spec.split(":")
+    if base not in ALL_SETUPS:
+        raise ValueError(f"--setups: unknown {base!r}; choose from {list(ALL_SETUPS)} or {list(ALIASES)} "
+                         f"(options as setup:loss=...:fused=...)")
+    out = {"label": label, "base": base, "loss": loss, "fused": fused}
+    for o in opts:
+        key, _, val = o.partition("=")
+        if key == "loss" and val in LOSSES:
+            out["loss"] = val
+        elif key == "fused" and val in ("on", "off"):
+            out["fused"] = val
+        else:
+            raise ValueError(f"--setups {label!r}: bad option {o!r}; use loss={'|'.join(LOSSES)} or fused=on|off")
+    return out
 
 
-def _ce_chunk(h, w, labels):
-    return F.cross_entropy((h @ w.t()).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+def _ce_chunk(h, w, b, labels):
+    z = h @ w.t() if b is None else torch.addmm(b, h, w.t())
+    return F.cross_entropy(z.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def chunked_ce(hidden, weight, labels, chunk: int = 4096):
-    """Summed CE of ``hidden [N, E] @ weight[V, E].T`` against ``labels [N]``, ``chunk`` rows at a time, each
-    chunk checkpointed: only ``chunk x V`` logits live at once (fp32 logits of 128K tokens would be 64 GiB)."""
+def chunked_ce(hidden, weight, labels, chunk: int = 4096, bias=None):
+    """Summed CE of ``hidden [N, E] @ weight[V, E].T (+ bias)`` against ``labels [N]``, ``chunk`` rows at a time,
+    each chunk checkpointed: only ``chunk x V`` logits live at once."""
     total = hidden.new_zeros((), dtype=torch.float32)
     for s in range(0, hidden.shape[0], chunk):
-        total = total + torch.utils.checkpoint.checkpoint(_ce_chunk, hidden[s: s + chunk], weight,
+        total = total + torch.utils.checkpoint.checkpoint(_ce_chunk, hidden[s: s + chunk], weight, bias,
                                                           labels[s: s + chunk], use_reentrant=False)
     return total
 
 
 def loss_sum(setup: str, model, batch: dict, loss: str):
-    """Summed token CE (fp32 scalar). ``loss='full'``: ours through the trainer's ``sft_loss`` (full fp32
-    logits), transformers' model through the same formula; ``'chunked'``: :func:`chunked_ce` for both."""
+    """Summed token CE (fp32 scalar) of an SFT batch.
+
+    Our models: ``fused`` / ``fused_allrows`` / ``full`` go through the trainer's ``sft_loss`` (``fused=True`` with
+    and without skipping unsupervised rows, ``fused=False``); ``chunked`` uses :func:`chunked_ce` on
+    ``model.model(...)``. Transformers' model (``hf_padded``) gets the same formulas on its last hidden state.
+    """
+    if setup != "hf_padded" and loss != "chunked":
+        return sft_loss(model, batch, fused=loss != "full", skip_ignored=loss == "fused")[0]
     labels = batch["labels"]
     if setup == "hf_padded":
         h = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    elif loss == "full":
-        return sft_loss(model, batch)[0]
     else:
         h = model.model(batch["input_ids"], batch["position_ids"], batch["attn_mask_startend_row_indices"])
-    w = model.lm_head.weight
+    w, b = model.lm_head.weight, model.lm_head.bias
+    h, labels = h.flatten(0, 1), labels.flatten()
     if loss == "full":
-        return F.cross_entropy(F.linear(h, w).float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
-    return chunked_ce(h.flatten(0, 1), w, labels.flatten())
+        return F.cross_entropy(F.linear(h, w, b).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    if loss == "chunked":
+        return chunked_ce(h, w, labels, bias=b)
+    return fused_linear_cross_entropy(h, w, labels, b, skip_ignored=loss == "fused")
 
 
 # ----------------------------------------------------------------------------------------------- one setup
@@ -255,54 +293,77 @@ def _free(device):
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def run_setup(setup: str, args, cfg: dict, packs: list[dict], device, recompute: bool, loss: str,
-              warmup: int, steps: int) -> dict:
-    """Train ``warmup + steps`` packs' worth of batches; time the last ``steps`` packs. Returns the metrics."""
+def prepare(sp: dict, args, info: dict, packs, device, recompute: bool, n_groups: int):
+    """Batches (groups per pack), model, optimizer and a ``step(batch) -> detached loss`` closure of setup ``sp``."""
+    base = sp["base"]
+    if base in DPO:
+        scale = args.pack_len / 8192 if args.tiny else 1.0
+        batches = e2e_dpo.build_dpo_batches(base, info["vocab"], args.pack_len, n_groups, args.seed, scale, device)
+        prime_mask_checks(batches)
+    else:
+        batches = make_batches(base, packs[:n_groups], args.pack_len, args.batch_size, device)
+    torch.manual_seed(args.seed)  # every setup of a model starts from the same weights
+    model = e2e_models.build_model(info, base, device, recompute, sp["fused"] == "on")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
+    amp = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def step(b):
+        with amp:
+            if base in DPO:
+                ls, n = e2e_dpo.dpo_loss(model, b)
+            else:
+                ls, n = loss_sum(base, model, b, sp["loss"]), (b["labels"] != IGNORE_INDEX).sum()
+        (ls / n).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return ls.detach() / n
+
+    return batches, model, step
+
+
+def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, warmup: int, steps: int) -> dict:
+    """Train ``warmup + steps`` packs' worth of batches; time the last ``steps`` packs. Returns the metrics.
+
+    ``sp``: a setup name or :func:`parse_setup` dict."""
+    if isinstance(sp, str):
+        sp = parse_setup(sp, args.loss, args.fused)
     _free(device)
-    orig = llama_modeling.flashmask_attention
-    if setup in BACKENDS:
-        llama_modeling.flashmask_attention = BACKENDS[setup]
+    attn = BACKENDS.get(sp["base"])
     try:
-        batches = make_batches(setup, packs[: warmup + steps], args.pack_len, args.batch_size, device)
-        torch.manual_seed(args.seed)  # every setup of our model starts from the same weights
-        model = build_model(setup, cfg, device, recompute)
-        n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
-        amp = torch.autocast(device.type, dtype=torch.bfloat16)
-        tokens = pairs = n_batches = 0
-        t_first = time.perf_counter()
-        t0 = None
-        last = None
-        for p_idx, group in enumerate(batches):
-            if p_idx == warmup:
-                _sync(device)
-                t0 = time.perf_counter()
-            for b in group:
-                with amp:
-                    ls = loss_sum(setup, model, b, loss)
-                n_lab = (b["labels"] != IGNORE_INDEX).sum()
-                (ls / n_lab).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                last = ls.detach() / n_lab
-                if t0 is not None:
-                    tokens, pairs, n_batches = tokens + b["_tokens"], pairs + b["_pairs"], n_batches + 1
-        _sync(device)
-        t1 = time.perf_counter()
+        with e2e_models.patched_attention(attn):
+            batches, model, step = prepare(sp, args, info, packs, device, recompute, warmup + steps)
+            n_mm, n_train = e2e_models.matmul_params(model)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            tokens = pairs = n_batches = n_pref = 0
+            t_first = time.perf_counter()
+            t0 = last = None
+            for p_idx, group in enumerate(batches):
+                if p_idx == warmup:
+                    _sync(device)
+                    t0 = time.perf_counter()
+                for b in group:
+                    last = step(b)
+                    if t0 is not None:
+                        tokens, pairs, n_batches = tokens + b["_tokens"], pairs + b["_pairs"], n_batches + 1
+                        n_pref += b.get("_n_pairs", 0)
+            _sync(device)
+            t1 = time.perf_counter()
         if t0 is None:  # steps == 0: time everything
             t0 = t_first
         secs = t1 - t0
-        n_layers, h_q, d = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["head_dim"]
-        flops = 6 * n_params * tokens + 12 * n_layers * h_q * d * pairs
+        flops = e2e_models.step_flops(info, n_mm, n_train, tokens, pairs)
         res = dict(status="ok", tokens_per_s=tokens / secs, mfu=flops / secs / PEAK_BF16_FLOPS, seconds=secs,
-                   timed_tokens=tokens, timed_batches=n_batches, params=n_params, attn_pairs=pairs,
-                   model_tflops=flops / secs / 1e12, final_loss=float(last) if last is not None else None,
-                   warmup_seconds=t0 - t_first)
+                   timed_tokens=tokens, timed_batches=n_batches, params=n_mm, params_trained=n_train,
+                   attn_pairs=pairs, model_tflops=flops / secs / 1e12, loss=sp["loss"], fused=sp["fused"],
+                   final_loss=float(last) if last is not None else None, warmup_seconds=t0 - t_first)
+        if sp["base"] in DPO:
+            res.update(pref_pairs=n_pref, pairs_per_s=n_pref / secs)
         if device.type == "cuda":
             res["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         return res
     finally:
-        llama_modeling.flashmask_attention = orig
         _dense_cache[0] = _dense_cache[1] = None
 
 
@@ -310,7 +371,7 @@ def guarded(setup, fn, device) -> dict:
     """Run ``fn()``; an OOM gives ``{"status": "OOM"}``, any other error ``{"status": "error: ..."}``."""
     try:
         res = fn()
-    except torch.OutOfMemoryError as e:  # noqa: F841
+    except torch.OutOfMemoryError:
         res = {"status": "OOM"}
     except Exception as e:  # one broken setup must not end the run
         traceback.print_exc()
@@ -322,29 +383,51 @@ def guarded(setup, fn, device) -> dict:
     return res
 
 
+def profile_ours(args, info, packs, device) -> dict:
+    """``--profile``: one warm-up step then 2 profiled steps of ``ours`` (CLI ``--loss``/``--fused``)."""
+    from e2e_profile import format_profile, profile_steps
+
+    sp = parse_setup("ours", args.loss, args.fused)
+    _free(device)
+    batches, model, step = prepare(sp, args, info, packs, device, args.recompute, 3)
+    flat = [b for g in batches for b in g]
+    step(flat[0])
+    _sync(device)
+    res = profile_steps(lambda i: step(flat[1 + i]), 2, device)
+    del model, batches
+    _free(device)
+    print(format_profile(res), flush=True)
+    return res
+
+
 # ----------------------------------------------------------------------------------------------- report
 def fmt_table(results: dict, ref: str = "hf_padded", ours: str = "ours") -> str:
-    rows = ["| setup | tokens/s (effective) | MFU | peak GiB | x hf_padded | x ours |", "|---|---|---|---|---|---|"]
+    """Markdown table: tokens/s, MFU, peak GiB, ratios to ``ref`` and ``ours`` rows, pairs/s of DPO rows."""
+    rows = ["| setup | loss | fused ops | tokens/s (effective) | MFU | peak GiB | x hf_padded | x ours | pairs/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
     base = results.get(ref, {}).get("tokens_per_s")
     mine = results.get(ours, {}).get("tokens_per_s")
     for name, r in results.items():
+        peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
         if r.get("status") != "ok":
-            peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
-            rows.append(f"| {name} | {r['status']} | - | {peak} | - | - |")
+            rows.append(f"| {name} | - | - | {r['status']} | - | {peak} | - | - | - |")
             continue
         tps = r["tokens_per_s"]
-        peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
-        rows.append(f"| {name} | {tps:,.0f} | {100 * r['mfu']:.1f}% | {peak} | "
-                    f"{tps / base:.2f} | {tps / mine:.2f} |" if base and mine else
-                    f"| {name} | {tps:,.0f} | {100 * r['mfu']:.1f}% | {peak} | - | - |")
+        xb = f"{tps / base:.2f}" if base else "-"
+        xo = f"{tps / mine:.2f}" if mine else "-"
+        pps = f"{r['pairs_per_s']:,.1f}" if "pairs_per_s" in r else "-"
+        loss = "trl logps" if name.split(":")[0] in DPO else r.get("loss", "-")
+        rows.append(f"| {name} | {loss} | {r.get('fused', '-')} | {tps:,.0f} | {100 * r['mfu']:.1f}% | {peak} | "
+                    f"{xb} | {xo} | {pps} |")
     return "\n".join(rows)
 
 
-def longest_context(args, cfg, device, scale, t_start) -> dict:
-    """Largest single packed sequence that trains (recompute on, chunked CE), ours vs sdpa_dense; each setup
-    stops at its first failure. One timed step per length, no warm-up (the kernels were compiled by the table
-    runs), so its tokens/s is indicative only. A length is skipped when 4.5x the previous length's step time
-    (quadratic attention plus slack) would overrun ``--time_budget``."""
+def longest_context(args, info, device, scale, t_start) -> dict:
+    """Largest single packed sequence that trains (recompute on), ours vs sdpa_dense; each setup stops at its
+    first failure. Loss: ``--loss`` when it is memory-safe (fused / fused_allrows / chunked), else chunked. One
+    timed step per length, no warm-up, so its tokens/s is indicative only. A length is skipped when 4.5x the
+    previous length's step time (quadratic attention plus slack) would overrun ``--time_budget``."""
+    loss = args.loss if args.loss != "full" else "chunked"
     out = {}
     for setup in ("ours", "sdpa_dense"):
         out[setup] = {}
@@ -354,11 +437,11 @@ def longest_context(args, cfg, device, scale, t_start) -> dict:
             if left < 4.5 * prev + 5:
                 out[setup][seq] = {"status": f"skipped (time budget: {left:.0f} s left, estimated {4.5 * prev:.0f} s)"}
                 break
-            packs = build_packs(cfg["vocab_size"], seq, 1, args.seed + seq, scale)
+            packs = build_packs(info["vocab"], seq, 1, args.seed + seq, scale)
             sub = argparse.Namespace(**{**vars(args), "pack_len": seq})
+            sp = parse_setup(setup, loss, args.fused)
             t = time.perf_counter()
-            r = guarded(f"longest {setup} {seq}", lambda: run_setup(setup, sub, cfg, packs, device, True, "chunked",
-                                                                    0, 1), device)
+            r = guarded(f"longest {setup} {seq}", lambda: run_setup(sp, sub, info, packs, device, True, 0, 1), device)
             prev = time.perf_counter() - t
             out[setup][seq] = r
             if r["status"] != "ok":
@@ -369,12 +452,15 @@ def longest_context(args, cfg, device, scale, t_start) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setups", default="ours,padded,sdpa_dense,flex,naive_packed,hf_padded")
+    ap.add_argument("--model", default="llama1b", choices=e2e_models.MODELS)
     ap.add_argument("--pack_len", type=int, default=8192)
     ap.add_argument("--batch_size", type=int, default=4, help="examples per padded batch")
     ap.add_argument("--steps", type=int, default=10, help="timed packs (padded setups: their examples)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--loss", choices=("full", "chunked"), default="full")
+    ap.add_argument("--loss", choices=LOSSES, default="fused", help="default loss of every setup")
+    ap.add_argument("--fused", choices=("on", "off"), default="on", help="use_fused_rms_norm/rope/swiglu default")
     ap.add_argument("--recompute", action="store_true", help="activation checkpointing in the table runs")
+    ap.add_argument("--profile", action="store_true", help="profile 2 steps of ours: top 25 CUDA kernels")
     ap.add_argument("--longest", action="store_true", help="also find the longest trainable packed sequence")
     ap.add_argument("--longest_lens", default="32768,65536,131072")
     ap.add_argument("--time_budget", type=float, default=1e9, help="seconds; later setups are skipped after it")
@@ -382,33 +468,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
-    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
-    bad = [s for s in setups if s not in ALL_SETUPS]
-    if bad:
-        raise ValueError(f"--setups: unknown {bad}; choose from {list(ALL_SETUPS)}")
+    specs = [parse_setup(s.strip(), args.loss, args.fused) for s in args.setups.split(",") if s.strip()]
     args.longest_lens = [int(x) for x in args.longest_lens.split(",")]
     t_start = time.perf_counter()
-    cfg = dict(TINY if args.tiny else LLAMA_1B)
+    info = e2e_models.model_config(args.model, args.tiny)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     scale = args.pack_len / 8192 if args.tiny else 1.0  # toy lengths keep the distribution's shape
-    packs = build_packs(cfg["vocab_size"], args.pack_len, args.warmup + args.steps, args.seed, scale)
+    packs = build_packs(info["vocab"], args.pack_len, args.warmup + args.steps, args.seed, scale)
     timed = packs[args.warmup: args.warmup + args.steps]
     n_tok = sum(sum(p["seq_lens"]) for p in timed)
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), argv=sys.argv, python=platform.python_version(),
-                torch=torch.__version__, device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                config=cfg, timed_packs=len(timed), timed_examples=sum(len(p["seq_lens"]) for p in timed),
-                timed_tokens=n_tok, pack_fill=n_tok / (len(timed) * args.pack_len),
-                lognormal=dict(median=MEDIAN, mean=MEAN, sigma=SIGMA))
-    try:
-        import triton
-        meta["triton"] = triton.__version__
-    except ImportError:
-        pass
-    try:
-        import transformers
-        meta["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), argv=sys.argv if argv is None else argv,
+                python=platform.python_version(), torch=torch.__version__,
+                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", model=args.model,
+                config=info, loss=args.loss, fused=args.fused, pack_len=args.pack_len, timed_packs=len(timed),
+                timed_examples=sum(len(p["seq_lens"]) for p in timed), timed_tokens=n_tok,
+                pack_fill=n_tok / (len(timed) * args.pack_len), lognormal=dict(median=MEDIAN, mean=MEAN, sigma=SIGMA))
+    for mod in ("triton", "transformers"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
     print(json.dumps(meta), flush=True)
     results = {}
     report = {"meta": meta, "table": results}
@@ -418,16 +497,21 @@ def main(argv=None) -> dict:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
 
-    for s in setups:
+    for sp in specs:
         if time.perf_counter() - t_start > args.time_budget:
-            results[s] = {"status": "skipped (time budget)"}
+            results[sp["label"]] = {"status": "skipped (time budget)"}
             continue
-        results[s] = guarded(s, lambda: run_setup(s, args, cfg, packs, device, args.recompute, args.loss,
-                                                  args.warmup, args.steps), device)
+        results[sp["label"]] = guarded(sp["label"], lambda: run_setup(sp, args, info, packs, device, args.recompute,
+                                                                      args.warmup, args.steps), device)
         save()
-    print(fmt_table(results))
+    print(fmt_table(results), flush=True)
+    if args.profile:
+        report["profile"] = guarded("profile ours", lambda: {"status": "ok", **profile_ours(args, info, packs, device)},
+                                    device) if time.perf_counter() - t_start < args.time_budget else \
+            {"status": "skipped (time budget)"}
+        save()
     if args.longest:
-        report["longest"] = longest_context(args, cfg, device, scale, t_start)
+        report["longest"] = longest_context(args, info, device, scale, t_start)
         for setup, per in report["longest"].items():
             print(setup, {k: (v["status"], round(v.get("peak_gib", 0), 1), round(v.get("tokens_per_s", 0)))
                           for k, v in per.items()})
