@@ -74,7 +74,9 @@ class ParallelDims:
         tensor_parallel_output: keep logits vocab-sharded and use a vocab-parallel cross entropy
             (``torch.distributed.tensor.parallel.loss_parallel``).
         tp_fp32_reduce: reduce the row-parallel partial sums (o/down projections) in fp32 when they are
-            bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``). Default True.
+            bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``). None (default): only when
+            ``tp > 2`` (with 2 ranks a bf16 sum rounds once, like the fp32 sum cast back; from 3 ranks on a bf16
+            ring/tree reduction rounds ``tp - 1`` times).
 
     Raises:
         ValueError: degrees whose product is not ``world_size``, a degree < 1 other than -1,
@@ -90,7 +92,7 @@ class ParallelDims:
     sequence_parallel: bool = False
     tensor_parallel_output: bool = False
     device_type: str = "cpu"
-    tp_fp32_reduce: bool = True
+    tp_fp32_reduce: bool | None = None
     mesh: Any = field(default=None, repr=False)
     batch_mesh: Any = field(default=None, repr=False)
 

@@ -139,7 +139,8 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
         plan["model.norm"] = SequenceParallel()
     # LoRA wraps the projections in place (same names); the styles then also place the adapters.
     lora = any(_is_lora(m) for m in model.modules())
-    fp32 = getattr(parallel_dims, "tp_fp32_reduce", True)
+    fp32 = getattr(parallel_dims, "tp_fp32_reduce", None)
+    fp32 = parallel_dims.tp > 2 if fp32 is None else bool(fp32)
     if any(n.endswith("qkv_gate_up_proj") for n, _ in model.named_modules()):
         plan.update(_ernie_layer_plan(model, config, lora, fp32, residual, sp))
         return plan

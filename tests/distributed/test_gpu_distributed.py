@@ -125,12 +125,17 @@ def bf16_runs(tmp_path_factory):
         {"name": "tp_lp_sp", "layout": {"sharding": 1, "tp": 2, "tensor_parallel_output": True,
                                         "sequence_parallel": True}, "end": 4, "precision": "bf16"},
         {"name": "fsdp_mp", "layout": {"sharding": 2, "sharding_stage": "stage2"}, "end": 4, "precision": "bf16_mp"},
+        # recorded only: the same TP run with the row-parallel reductions in fp32 (off by default at tp 2)
+        {"name": "tp_lp_sp_fp32red", "layout": {"sharding": 1, "tp": 2, "tensor_parallel_output": True,
+                                                "sequence_parallel": True, "tp_fp32_reduce": True}, "end": 4,
+         "precision": "bf16"},
     ], 2, tmp, "bf16")
     d_fp32 = _rel_diff(ref["ref"], ref["ref32"])
     d_micro = _rel_diff(ref["ref_micro2"], ref["ref"])
     tol = 2 * max(d_fp32, d_micro) + EPS32
     _record("bf16", {"one_gpu": ref, "two_gpu": two, "d_bf16_vs_fp32": d_fp32, "d_bf16_micro": d_micro, "tol": tol,
-                     "diff": {n: _rel_diff(two[n], ref["ref"]) for n in ("fsdp", "tp_lp_sp")},
+                     "diff": {n: _rel_diff(two[n], ref["ref"]) for n in ("fsdp", "tp_lp_sp", "tp_lp_sp_fp32red")},
+                     "diff_vs_fp32": {n: _rel_diff(two[n], ref["ref32"]) for n in ("tp_lp_sp", "tp_lp_sp_fp32red")},
                      "fsdp_mp_vs_fp32": _rel_diff(two["fsdp_mp"], ref["ref32"]),
                      "fsdp_mp_vs_bf16": _rel_diff(two["fsdp_mp"], ref["ref"])})
     return ref, two, tol

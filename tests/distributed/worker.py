@@ -4,7 +4,8 @@
 every scenario of SPEC in order inside one process group and rank 0 writes ``{name: {"losses", "grad_norms"}}``.
 A scenario is a dict:
 
-- ``name``; ``layout``: ``{dp, sharding, tp, sharding_stage, tensor_parallel_output, sequence_parallel}``;
+- ``name``; ``layout``: ``{dp, sharding, tp, sharding_stage, tensor_parallel_output, sequence_parallel,
+  tp_fp32_reduce}``;
 - ``start``/``end``: first step / step after the last; ``micro``: micro-batches per step (default 1);
 - ``model``: ``"llama"`` (default), ``"ernie"`` or ``"reward"`` (see ``run_reward_scenario``); ``vocab`` (128);
   ``tied``; ``lora``; ``from_pretrained``;
@@ -108,7 +109,8 @@ def run_scenario(sc: dict, world_size: int) -> dict:
     dims = ParallelDims(dp=lay.get("dp", -1), sharding=lay.get("sharding", -1), tp=lay.get("tp", -1),
                         world_size=world_size, sharding_stage=lay.get("sharding_stage"),
                         sequence_parallel=lay.get("sequence_parallel", False),
-                        tensor_parallel_output=lay.get("tensor_parallel_output", False), device_type=dev.type)
+                        tensor_parallel_output=lay.get("tensor_parallel_output", False), device_type=dev.type,
+                        tp_fp32_reduce=lay.get("tp_fp32_reduce"))
     if world_size > 1:
         dims.build_mesh()
     if sc.get("from_pretrained"):
