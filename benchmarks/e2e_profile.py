@@ -36,16 +36,22 @@ def profile_steps(step_fn, n_steps: int, device: torch.device, top: int = 25) ->
             step_fn(i)
         if cuda:
             torch.cuda.synchronize(device)
-    rows = []
-    for evt in prof.key_averages():
-        is_dev = str(getattr(evt, "device_type", "")).endswith("CUDA")
-        if cuda and not is_dev:
-            continue
-        if not cuda and is_dev:
-            continue
-        t = _device_time(evt, cuda)
-        if t > 0:
-            rows.append((evt.key, int(evt.count), t))
+    events = prof.key_averages()
+
+    def collect(want_dev: bool | None):
+        out = []
+        for evt in events:
+            is_dev = str(getattr(evt, "device_type", "")).endswith("CUDA")
+            if want_dev is not None and is_dev != want_dev:
+                continue
+            t = _device_time(evt, cuda)
+            if t > 0:
+                out.append((evt.key, int(evt.count), t))
+        return out
+
+    rows = collect(cuda)
+    if cuda and not rows:  # a torch whose averaged events carry no device type: every event with device time
+        rows = collect(None)
     total = sum(r[2] for r in rows) or 1.0
     rows.sort(key=lambda r: -r[2])
     top_rows = [{"name": n[:160], "calls": c, "ms": t / 1e3, "pct": 100.0 * t / total} for n, c, t in rows[:top]]

@@ -82,10 +82,12 @@ def _is_plain(t) -> bool:
     return t.device.type == "cuda" or (COMPILE_ON_CPU and t.device.type == "cpu")
 
 
-def _dispatch(fn, *tensors_and_args, tensors: int):
-    """Run ``fn`` compiled when the first ``tensors`` arguments are plain CUDA tensors, else eagerly."""
+def _dispatch(fn, *tensors_and_args, tensors: int, eager=None):
+    """Run ``fn`` compiled when the first ``tensors`` arguments are plain CUDA tensors, else eagerly (``eager``,
+    an equivalent function better suited to eager mode, when given)."""
+    eager = eager or fn
     if fn in _failed or torch.compiler.is_compiling() or not all(_is_plain(t) for t in tensors_and_args[:tensors]):
-        return fn(*tensors_and_args)
+        return eager(*tensors_and_args)
     try:
         return _get_compiled(fn)(*tensors_and_args)
     except torch.OutOfMemoryError:
@@ -94,7 +96,7 @@ def _dispatch(fn, *tensors_and_args, tensors: int):
         _failed.add(fn)
         logger.warning("torch.compile of %s failed (%s: %s); using the eager op from now on", fn.__name__,
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return fn(*tensors_and_args)
+        return eager(*tensors_and_args)
 
 
 def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from .elementwise import _dispatch
+
 IGNORE_INDEX = -100
 DEFAULT_CHUNK_BYTES = 1 << 30  # fp32 logits of one chunk
 
@@ -39,6 +41,54 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _chunk_loss(z: torch.Tensor, lab: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Summed CE (fp32 scalar) of logits ``z [c, V]`` (any float dtype, upcast to fp32) against ``lab [c]``."""
+    zf = z.float()
+    valid = lab != ignore_index  # [c]
+    tgt = torch.where(valid, lab, torch.zeros_like(lab))
+    lse = torch.logsumexp(zf, dim=-1)  # [c]
+    z_t = zf.gather(1, tgt[:, None]).squeeze(1)  # [c]
+    return torch.where(valid, lse - z_t, torch.zeros_like(lse)).sum()
+
+
+def chunk_loss_and_grad(z: torch.Tensor, lab: torch.Tensor, ignore_index: int):
+    """Summed CE of one chunk and its logits gradient for a loss weight of 1.
+
+    Args:
+        z: logits ``[c, V]`` in the compute dtype (bf16 under autocast, else fp32).
+        lab: int64 ``[c]``; ``ignore_index`` rows get loss 0 and gradient 0.
+
+    Returns:
+        ``(loss, dz)``: fp32 scalar ``sum(logsumexp(z) - z[label])`` over supervised rows, and
+        ``dz = softmax(z) - onehot(label)`` (fp32 math, zero on ignored rows) in ``z``'s dtype ``[c, V]``.
+    """
+    zf = z.float()
+    valid = lab != ignore_index
+    tgt = torch.where(valid, lab, torch.zeros_like(lab))
+    lse = torch.logsumexp(zf, dim=-1, keepdim=True)  # [c, 1]
+    z_t = zf.gather(1, tgt[:, None])  # [c, 1]
+    loss = torch.where(valid, (lse - z_t).squeeze(1), torch.zeros_like(lse.squeeze(1))).sum()
+    onehot = torch.arange(zf.shape[1], device=zf.device)[None, :] == tgt[:, None]  # [c, V] (fused away)
+    dz = torch.where(onehot, (zf - lse).exp() - 1.0, (zf - lse).exp())
+    dz = torch.where(valid[:, None], dz, torch.zeros_like(dz))
+    return loss, dz.to(z.dtype)
+
+
+def _chunk_loss_and_grad_inplace(z: torch.Tensor, lab: torch.Tensor, ignore_index: int):
+    """:func:`chunk_loss_and_grad` with the softmax written over the fp32 logits (eager path: one ``[c, V]`` fp32
+    buffer instead of several temporaries). Overwrites ``z`` when it is fp32 (the caller's fresh GEMM output)."""
+    zf = z.float()
+    valid = lab != ignore_index
+    tgt = torch.where(valid, lab, torch.zeros_like(lab))
+    lse = torch.logsumexp(zf, dim=-1)  # [c]
+    z_t = zf.gather(1, tgt[:, None]).squeeze(1)
+    loss = torch.where(valid, lse - z_t, torch.zeros_like(lse)).sum()
+    p = zf.sub_(lse[:, None]).exp_()  # softmax, in place
+    p.scatter_add_(1, tgt[:, None], -valid[:, None].float())  # - onehot on supervised rows
+    p.mul_(valid[:, None])  # ignored rows: no gradient
+    return loss, p.to(z.dtype)
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -63,18 +113,14 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 hc, lab = h_c[s: s + chunk_size], labels[s: s + chunk_size]  # [c, E], [c]
                 # [c, V] compute dtype; bias added inside the GEMM (one rounding, as F.linear)
                 z = hc @ w_c.t() if b_c is None else torch.addmm(b_c, hc, w_c.t())
-                z = z.float()  # [c, V] fp32 (same tensor when cdt is fp32: it is a fresh matmul output)
-                valid = lab != ignore_index  # [c]
-                tgt = torch.where(valid, lab, torch.zeros_like(lab))
-                lse = torch.logsumexp(z, dim=-1)  # [c]
-                z_t = z.gather(1, tgt[:, None]).squeeze(1)  # [c]
-                loss += torch.where(valid, lse - z_t, torch.zeros_like(lse)).sum()
                 if not (need_h or need_w or need_b):
+                    loss += _chunk_loss(z, lab, ignore_index)
                     continue
-                p = z.sub_(lse[:, None]).exp_()  # softmax, in place over the logits
-                p.scatter_add_(1, tgt[:, None], -valid[:, None].float())  # - onehot on supervised rows
-                p.mul_(valid[:, None])  # ignored rows: no gradient
-                g = p.to(cdt)  # [c, V]
+                # loss and dlogits = softmax - onehot (fp32 math, rounded to cdt once): one compiled kernel on
+                # CUDA (the logits are read twice and dlogits written once), the same math eagerly elsewhere
+                part, g = _dispatch(chunk_loss_and_grad, z, lab, ignore_index, tensors=2,
+                                    eager=_chunk_loss_and_grad_inplace)  # fp32 [], [c, V] cdt
+                loss += part
                 if need_h:
                     grad_h[s: s + chunk_size] = g @ w_c
                 if need_w:
@@ -83,8 +129,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                     else:
                         grad_w += g.t() @ hc  # bf16 product per chunk, summed in fp32
                 if need_b:
-                    grad_b += p.sum(0)
-                del z, p, g
+                    grad_b += g.float().sum(0)
+                del z, g
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         return loss
