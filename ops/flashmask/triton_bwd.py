@@ -5,8 +5,10 @@
   query blocks listed for its key block (partial ones with the element mask, then unmasked ones; fully masked
   ones are not listed). Source: FlashMask v1 ``compute_dq_dk_dv_1colblock_flashmask``
   (``csrc/flash_attn/src/flash_bwd_kernel.h``) and V3's m-segments (flashmask.md §2.5-2.6). With ``ATOMIC_DQ``
-  it also adds dQ into an fp32 buffer with atomics (FlashMask v1's default).
-- ``_flashmask_bwd_dq_kernel``: row-parallel dQ (recomputes P and dP), no atomics: bitwise reproducible.
+  it also adds the unscaled dQ tile into an fp32 ``[B, H_q, S_q, D]`` buffer with atomics (FlashMask v1's
+  default; here opt-in, since the separate dQ kernel below was as fast or faster on the H200).
+- ``_flashmask_bwd_dq_kernel``: row-parallel dQ (recomputes P and dP), no atomics: bitwise reproducible; the default.
+- ``_flashmask_bwd_preprocess_kernel``: Delta and the log2 LSE in one pass over O and dO.
 
 Math (natural-log LSE from the forward; log2 units inside): P = exp2(S*scale*log2e - LSE*log2e),
 dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta), Delta = rowsum(dO * O) - dLSE, dQ = scale dS K,
@@ -18,15 +20,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked
+from .triton_prep import _elem_masked, _load_mask_cols, _masked_from_cols
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs, S_q, S_k,
-               LTS, LTE, UTS, UTE, qk_scale, sm_scale,
-               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-               HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
+               S_q, S_k, lts, lte, uts, ute, qk_scale,
+               BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
+               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
@@ -37,22 +39,22 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
     sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
     pT = tl.math.exp2(sT - lse2[None, :])
     if MASKED:
-        maskedT = _elem_masked(offs_m[None, :], offs_n[:, None], S_k, LTS, LTE, UTS, UTE,
-                               CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        maskedT = _masked_from_cols(offs_m[None, :], offs_n[:, None], S_k, lts, lte, uts, ute,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
         pT = tl.where(maskedT, 0.0, pT)
-    dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PREC)
+    dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
     dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
     dsT = pT * (dpT - delta[None, :])
-    dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PREC)
+    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
     if ATOMIC_DQ:
-        dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
+        dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC)  # [BLOCK_M, BLOCK_D], unscaled
         tl.atomic_add(DQh + offs_m[:, None] * sdqs + offs_d[None, :], dq, mask=q_mask, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _flashmask_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, LTS, LTE, UTS, UTE, IDX, NPART, NFULL,
+    Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
     sdkb, sdks, sdkh, sdvb, sdvs, sdvh, sdqb, sdqs, sdqh,
     S_q, S_k, H_q, H_k, H_mask, G, NUM_N, NUM_M, qk_scale, sm_scale,
@@ -75,15 +77,15 @@ def _flashmask_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     vec_off = bm * S_k
-    LTS += vec_off
-    LTE += vec_off
-    UTS += vec_off
-    UTE += vec_off
+    # the key block is fixed for the whole program: its mask columns are loaded once, as [BLOCK_N, 1]
+    lts, lte, uts, ute = _load_mask_cols(offs_n[:, None], S_k, LTS + vec_off, LTE + vec_off, UTS + vec_off,
+                                         UTE + vec_off, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
     lrow = n
     if HAS_MASK:
         lrow += bm * NUM_N
     n_part = tl.load(NPART + lrow)
     n_full = tl.load(NFULL + lrow)
+    f_lo = tl.load(FLO + lrow)
     IDX += lrow * NUM_M
 
     for g in range(0, G):
@@ -95,14 +97,20 @@ def _flashmask_bwd_dkdv_kernel(
         DQh = DQA + b * sdqb + h * sdqh
         for i in range(0, n_part):
             m = tl.load(IDX + i)
-            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
-                                S_q, S_k, LTS, LTE, UTS, UTE, qk_scale, sm_scale, BLOCK_M, True,
+            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs,
+                                sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, True,
                                 CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
-        for i in range(n_part, n_part + n_full):
-            m = tl.load(IDX + i)
-            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
-                                S_q, S_k, LTS, LTE, UTS, UTE, qk_scale, sm_scale, BLOCK_M, False,
-                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
+        if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
+            for m in range(f_lo, f_lo + n_full):
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
+                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
+        else:
+            for i in range(n_part, n_part + n_full):
+                m = tl.load(IDX + i)
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
+                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
 
     tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -126,13 +134,13 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S
         p = tl.where(masked, 0.0, p)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     ds = p * (dp - delta[:, None])
-    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
+    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
     return dq
 
 
 @triton.jit
 def _flashmask_bwd_dq_kernel(
-    Q, K, V, DO, LSE2, DELTA, DQ, LTS, LTE, UTS, UTE, IDX, NPART, NFULL,
+    Q, K, V, DO, LSE2, DELTA, DQ, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
     S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -167,15 +175,50 @@ def _flashmask_bwd_dq_kernel(
         lrow += bm * NUM_M
     n_part = tl.load(NPART + lrow)
     n_full = tl.load(NFULL + lrow)
+    f_lo = tl.load(FLO + lrow)
     IDX += lrow * NUM_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for i in range(0, n_part):
         n = tl.load(IDX + i)
         dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE,
                       qk_scale, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
-    for i in range(n_part, n_part + n_full):
-        n = tl.load(IDX + i)
-        dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE,
-                      qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+    if f_lo >= 0:
+        for n in range(f_lo, f_lo + n_full):
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
+                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+    else:
+        for i in range(n_part, n_part + n_full):
+            n = tl.load(IDX + i)
+            dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
+                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _flashmask_bwd_preprocess_kernel(
+    O, DO, LSE, DLSE, DELTA, LSE2, sob, sos, soh, sdob, sdos, sdoh, S_q, H_q, log2e,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """Delta = rowsum(dO * O) - dLSE (fp32; a non-finite dLSE counts as 0) and LSE in log2 units (+inf for
+    empty rows, whose LSE is -inf), both ``[B*H_q, S_q]``; one program per (row block, batch * head)."""
+    m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H_q
+    h = bh % H_q
+    offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_m < S_q
+    msk = rmask[:, None] & (offs_d < D)[None, :]
+    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], mask=msk, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :], mask=msk, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # [BLOCK_M]
+    row = bh * S_q + offs_m
+    if HAS_DLSE:
+        dl = tl.load(DLSE + row, mask=rmask, other=0.0)
+        finite = (dl == dl) & (tl.abs(dl) != float("inf"))
+        delta -= tl.where(finite, dl, 0.0)
+    lse = tl.load(LSE + row, mask=rmask, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * log2e)
+    tl.store(DELTA + row, delta, mask=rmask)
+    tl.store(LSE2 + row, lse2, mask=rmask)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.runtime.errors  # noqa: F401  (OutOfResources)
 
-from .triton_bwd import _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel
+from .triton_bwd import _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel, _flashmask_bwd_preprocess_kernel
 from .triton_fwd import _flashmask_fwd_kernel
 from .triton_prep import MaskVectors
 
@@ -45,10 +45,12 @@ def _env_cfg(name: str, keys: tuple[str, ...]) -> dict | None:
     return dict(zip(keys, vals))
 
 
-def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
+def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool, four_vectors: bool = False) -> dict:
     """Forward tile shape ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` for padded head dim ``d_pad``.
 
-    ``FLASHMASK_FWD_CFG="BM,BN,warps,stages"`` overrides it on GPU (offline tuning).
+    ``four_vectors``: the mask has C=4 (LTS, LTE, UTS, UTE), whose per-stage vector loads push the 128 x 128
+    3-stage pipeline over the 227 KiB of shared memory. ``FLASHMASK_FWD_CFG="BM,BN,warps,stages"`` overrides
+    it on GPU (offline tuning, ``benchmarks/tune_blocks.py``; the numbers are in docs/kernel_notes.md).
     """
     env = _env_cfg("FLASHMASK_FWD_CFG", ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) if on_gpu else None
     if env:
@@ -57,12 +59,12 @@ def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
     if dtype == torch.float32:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
-    if d_pad <= 64:
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
-    if d_pad <= 128:
-        # H200 sweep (docs/kernel_notes.md): 128x128/8 warps is fastest; 3 stages overflow shared memory by 1 KiB
-        # with C=4 masks, 2 stages cost ~2 %
-        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2)
+    if d_pad <= 64:  # H200 sweep v3: 64x64/4 warps/3 stages beats 128x64 by 6 % (causal) to 27 % (documents)
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    if d_pad <= 128:  # H200 sweep v3: 128x128/8 warps/3 stages fastest on full and causal
+        if four_vectors:
+            return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
@@ -81,25 +83,46 @@ def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
     if dtype == torch.float32:
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1,
                     DQ_BLOCK_M=32, DQ_BLOCK_N=32, dq_warps=4, dq_stages=1)
-    if d_pad <= 128:
-        # H200 sweep (docs/kernel_notes.md): 64 query rows x 128 keys, 8 warps, 2 stages was best of 5 at D=128
-        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2,
-                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_warps=8, dq_stages=2)
+    if d_pad <= 64:  # H200 sweep v3 (D=64, GQA 4): 64x64/4 warps/3 stages, 26-29 % faster than 64x128/8
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3,
+                    DQ_BLOCK_M=64, DQ_BLOCK_N=64, dq_warps=4, dq_stages=3)
+    if d_pad <= 128:  # H200 sweep v3: 64 query rows x 128 keys, 8 warps, 3 stages
+        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3,
+                    DQ_BLOCK_M=128, DQ_BLOCK_N=64, dq_warps=8, dq_stages=3)
     return dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1,
                 DQ_BLOCK_M=64, DQ_BLOCK_N=32, dq_warps=8, dq_stages=1)
 
 
+_WORKING_STAGES: dict = {}  # (kernel, constexprs) -> num_stages that fit in shared memory
+
+
 def _launch(kernel, grid, *args, **kwargs):
-    """Launch; if the tile config needs more shared memory than the GPU has (e.g. a C=4 mask on top of a
-    3-stage pipeline), retry once with ``num_stages=1`` (same tiles, so the block lists stay valid)."""
-    try:
-        kernel[grid](*args, **kwargs)
-    except triton.runtime.errors.OutOfResources:
-        if kwargs.get("num_stages", 1) == 1:
-            raise
-        warnings.warn(f"{kernel.fn.__name__}: out of shared memory with num_stages={kwargs['num_stages']}, "
-                      "retrying with num_stages=1", RuntimeWarning, stacklevel=3)
-        kernel[grid](*args, **dict(kwargs, num_stages=1))
+    """Launch; if the tile config needs more shared memory than the GPU has, retry with fewer pipeline stages
+    (same tiles, so the block lists stay valid) and remember the count that fits. Triton's shared-memory use is
+    not monotonic in ``num_stages`` (a 2-stage pipeline can need more than a 3-stage one), so every smaller
+    count is tried."""
+    key = (kernel.fn.__name__, tuple(sorted(kwargs.items())))
+    stages = _WORKING_STAGES.get(key, kwargs.get("num_stages", 1))
+    while True:
+        try:
+            kernel[grid](*args, **dict(kwargs, num_stages=stages))
+            _WORKING_STAGES[key] = stages
+            return
+        except triton.runtime.errors.OutOfResources:
+            if stages <= 1:
+                raise
+            warnings.warn(f"{kernel.fn.__name__}: out of shared memory with num_stages={stages}, retrying with "
+                          f"num_stages={stages - 1}", RuntimeWarning, stacklevel=3)
+            stages -= 1
+
+
+def _lists(mv: MaskVectors, block_m: int, block_n: int, by_key: bool):
+    """``mv.block_lists``; ``FLASHMASK_RANGE_LOOPS=0`` hides the contiguous runs (every unmasked block then goes
+    through the indirect list), a switch for benchmarking the two loop forms against each other."""
+    idx, n_part, n_full, full_lo = mv.block_lists(block_m, block_n, by_key)
+    if os.environ.get("FLASHMASK_RANGE_LOOPS", "1") == "0":
+        full_lo = torch.full_like(full_lo, -1)
+    return idx, n_part, n_full, full_lo
 
 
 def _flags(mv: MaskVectors, causal: bool, dtype: torch.dtype) -> dict:
@@ -111,14 +134,14 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     d_pad = _pow2(d)
-    cfg = fwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
+    cfg = fwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting(), mv.has_uts)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    idx, n_part, n_full = mv.block_lists(bm, bn, by_key=False)
+    idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=False)
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     grid = (idx.shape[1], b * h_q)
     _launch(_flashmask_fwd_kernel, grid,
-        q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
+        q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E,
@@ -134,20 +157,32 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     d_pad = _pow2(d)
     cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
     flags = _flags(mv, causal, q.dtype)
-    # Delta = rowsum(dO * O) in fp32, [B, H_q, S_q]; a gradient on the LSE enters as dS += P * dLSE.
-    delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()
-    if dlse is not None:
-        delta = delta - torch.nan_to_num(dlse.float(), nan=0.0, posinf=0.0, neginf=0.0)
-    lse2 = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse * LOG2E).contiguous()
+    # Delta = rowsum(dO * O) - dLSE and LSE in log2 units, fp32 [B, H_q, S_q], in one pass over O and dO
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    dlse_c = dlse.float().contiguous() if dlse is not None else lse
+    pre_bm = 64
+    _launch(_flashmask_bwd_preprocess_kernel, (triton.cdiv(s_q, pre_bm), b * h_q),
+        o, do, lse.contiguous(), dlse_c, delta, lse2, o.stride(0), o.stride(1), o.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), s_q, h_q, LOG2E,
+        D=d, BLOCK_D=d_pad, BLOCK_M=pre_bm, HAS_DLSE=dlse is not None, num_warps=4, num_stages=1,
+    )
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    atomic = not deterministic
-    dqa = torch.zeros(b, s_q, h_q, d, dtype=torch.float32, device=q.device) if atomic else lse  # dummy if unused
+    # dQ: by default a separate row-parallel kernel (bitwise reproducible, and on the H200 sweep v3 as fast as or
+    # faster than atomics: 27.6 vs 28.8 ms full 8K D=128, 0.88 vs 1.21 ms causal document D=64);
+    # FLASHMASK_ATOMIC_DQ=1 selects fp32 atomics in the dK/dV kernel (FlashMask v1's scheme) for deterministic=False
+    atomic = not deterministic and os.environ.get("FLASHMASK_ATOMIC_DQ", "0") == "1"
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
-    idx, n_part, n_full = mv.block_lists(bm, bn, by_key=True)  # [L, NUM_N, NUM_M]
-    sdq = dqa.stride() if atomic else (0, 0, 0)
+    if atomic:  # unscaled fp32 dQ accumulator [B, H_q, S_q, D]
+        dqa = torch.zeros(b, h_q, s_q, d, dtype=torch.float32, device=q.device)
+        sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1))  # (batch, seq, head) like q's
+    else:
+        dqa = lse  # unused
+        sdq = (0, 0, 0)
+    idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
     _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
-        q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
+        q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
@@ -157,12 +192,14 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
     if atomic:
-        return dqa.to(q.dtype), dk, dv
+        dq = torch.empty_like(q)
+        torch.mul(dqa.transpose(1, 2), scale, out=dq)  # [B, S_q, H_q, D] in q's dtype, scaled once
+        return dq, dk, dv
     dq = torch.empty_like(q)
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
-    idx2, n_part2, n_full2 = mv.block_lists(bm2, bn2, by_key=False)
+    idx2, n_part2, n_full2, full_lo2 = _lists(mv, bm2, bn2, by_key=False)
     _launch(_flashmask_bwd_dq_kernel, (idx2.shape[1], b * h_q),
-        q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2,
+        q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2, full_lo2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
@@ -231,8 +268,9 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         startend_row_indices: int32 ``[B, H_mask, S_k, C]`` or None (semantics in :mod:`flashmask.dense`).
         causal: FlashMask causal mode (requires S_q == S_k, checked by the API).
         softmax_scale: score multiplier.
-        deterministic: backward computes dQ in a separate row-parallel kernel (no atomics): bitwise
-            reproducible. Default uses fp32 atomics for dQ.
+        deterministic: guarantee a bitwise reproducible backward. The default backward already computes dQ in
+            a separate row-parallel kernel (no atomics; fastest on the H200); ``FLASHMASK_ATOMIC_DQ=1`` switches
+            the non-deterministic default to fp32 atomics.
 
     Raises:
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).

@@ -121,9 +121,12 @@ class MaskVectors:
 
         ``by_key=False`` (forward, dQ): outer = query blocks, inner = key blocks; ``True`` (dK/dV): outer =
         key blocks, inner = query blocks. Returns ``(idx int32 [L, R, T], n_partial int32 [L, R],
-        n_full int32 [L, R])``; fully masked inner blocks are never listed, so the kernels never load them.
-        Like FlashMask V3's per-m-block ``generate_n_block`` list (flashmask.md §2.4), built on the device from
-        the O(N) min/max in O(Tr*Tc) without evaluating any element.
+        n_full int32 [L, R], full_lo int32 [L, R])``; fully masked inner blocks are never listed, so the kernels
+        never load them. ``full_lo`` is the first unmasked inner block when the unmasked ones form one contiguous
+        run (causal, document, sliding-window and share-question masks: nearly every row), else -1: the kernels
+        then loop ``range(full_lo, full_lo + n_full)`` with affine addresses, which Triton's software pipeliner
+        prefetches better than the indirect list. Like FlashMask V3's per-m-block ``generate_n_block`` list
+        (flashmask.md §2.4), built on the device from the O(N) min/max in O(Tr*Tc) without evaluating any element.
         """
         key = (block_m, block_n, by_key)
         if key in self._lists:
@@ -134,9 +137,56 @@ class MaskVectors:
         order = torch.where(partial, 0, torch.where(live, 1, 2)).to(torch.int8)
         idx = torch.argsort(order, dim=-1, stable=True).to(torch.int32).contiguous()
         n_p = partial.sum(-1, dtype=torch.int32).contiguous()
-        n_f = (live & ~partial).sum(-1, dtype=torch.int32).contiguous()
-        self._lists[key] = (idx, n_p, n_f)
+        unmasked = live & ~partial
+        n_f = unmasked.sum(-1, dtype=torch.int32).contiguous()
+        t = unmasked.shape[-1]
+        first = unmasked.to(torch.int8).argmax(-1).to(torch.int32)  # first True (0 when none)
+        last = (t - 1) - unmasked.flip(-1).to(torch.int8).argmax(-1).to(torch.int32)
+        contiguous = (n_f == 0) | (last - first + 1 == n_f)
+        full_lo = torch.where(contiguous, first, torch.full_like(first, -1)).contiguous()
+        self._lists[key] = (idx, n_p, n_f, full_lo)
         return self._lists[key]
+
+
+@triton.jit
+def _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE,
+                    HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
+    """The 4 mask vectors at ``cols`` (any shape); absent ones come back as a dummy 0 (never read)."""
+    lts = 0
+    lte = 0
+    uts = 0
+    ute = 0
+    if HAS_MASK:
+        cm = cols < S_k
+        lts = tl.load(LTS + cols, mask=cm, other=0)
+        if HAS_LTE:
+            lte = tl.load(LTE + cols, mask=cm, other=0)
+        if HAS_UT:
+            ute = tl.load(UTE + cols, mask=cm, other=0)
+            if HAS_UTS:
+                uts = tl.load(UTS + cols, mask=cm, other=0)
+    return lts, lte, uts, ute
+
+
+@triton.jit
+def _masked_from_cols(rows, cols, S_k, lts, lte, uts, ute,
+                      CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
+                      HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
+    """Element mask from already-loaded column vectors (shaped like ``cols``); columns past S_k are masked."""
+    masked = cols >= S_k
+    if CAUSAL:
+        masked = masked | (cols > rows)
+    if HAS_MASK:
+        down = rows >= lts
+        if HAS_LTE:
+            down = down & (rows < lte)
+        masked = masked | down
+        if HAS_UT:
+            up = rows < ute
+            if HAS_UTS:
+                up = up & (rows >= uts)
+            masked = masked | up
+    return masked
 
 
 @triton.jit
@@ -147,18 +197,5 @@ def _elem_masked(rows, cols, S_k, LTS, LTE, UTS, UTE,
 
     Vector pointers are already offset to the (batch, mask head) row. Columns past S_k count as masked.
     """
-    cm = cols < S_k
-    masked = cols >= S_k
-    if CAUSAL:
-        masked = masked | (cols > rows)
-    if HAS_MASK:
-        down = rows >= tl.load(LTS + cols, mask=cm, other=0)
-        if HAS_LTE:
-            down = down & (rows < tl.load(LTE + cols, mask=cm, other=0))
-        masked = masked | down
-        if HAS_UT:
-            up = rows < tl.load(UTE + cols, mask=cm, other=0)
-            if HAS_UTS:
-                up = up & (rows >= tl.load(UTS + cols, mask=cm, other=0))
-            masked = masked | up
-    return masked
+    lts, lte, uts, ute = _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+    return _masked_from_cols(rows, cols, S_k, lts, lte, uts, ute, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)

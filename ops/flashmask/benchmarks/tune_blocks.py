@@ -1,83 +1,163 @@
-"""Offline block-size sweep for the Triton FlashMask kernels (one CUDA GPU).
+"""Offline tile sweep for the Triton FlashMask kernels (one CUDA GPU).
 
-Times forward, backward with atomic dQ and backward with the deterministic dQ kernel for a small set of tile
-configs (via ``FLASHMASK_FWD_CFG`` / ``FLASHMASK_BWD_CFG``) on a full and a causal-document mask, bf16,
-B*S = 32K, H = 32, and prints the fastest configs as shell ``export`` lines (``--emit-env``) so that a later
-command can use them. The winners are then written into ``triton_flashmask.fwd_config`` / ``bwd_config``.
+Times the forward and the backward (``deterministic=True`` dQ kernel and atomic dQ) for lists of tile configs,
+set through ``FLASHMASK_FWD_CFG`` / ``FLASHMASK_BWD_CFG``, on masks from :mod:`flashmask.benchmarks.bench_attention`
+(bf16, H = 32, B*S = 32K). Optional A/B variants run the same grid with another copy of the package
+(``--alt name=path``: a directory holding a ``flashmask``-shaped package, imported under ``name``) or with an
+environment switch (``--env-variant name=VAR=value``, e.g. ``FLASHMASK_RANGE_LOOPS=0``).
 
-Usage: ``python -m flashmask.benchmarks.tune_blocks [--seq 8192] [--head-dim 128] [--emit-env FILE]``.
+Compilation dominates a sweep, so ``--precompile N`` first runs every (variant, config, mask) once in N worker
+processes (same shapes, so Triton's on-disk cache is hit later), then times everything sequentially in this
+process. Prints one table (ms, median of ``triton.testing.do_bench``) and the best config per kind.
+
+Usage: ``python -m flashmask.benchmarks.tune_blocks --head-dim 128 --masks full,causal,causal_document
+[--fwd 128,128,8,2 ...] [--bwd 64,128,8,2,128,64,8,2 ...] [--precompile 8] [--json out.json]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import itertools
+import json
+import multiprocessing as mp
 import os
+import sys
 
 import torch
-from triton.testing import do_bench
 
-from flashmask import masks as M
-from flashmask.triton_flashmask import flashmask_attention_triton
+FWD = ["128,128,8,2", "128,128,8,3", "128,64,8,3", "128,64,4,3", "64,64,4,3"]  # first = D=128 default
+BWD = ["64,128,8,2,128,64,8,2", "64,128,8,3,128,64,8,3", "32,128,4,3,128,32,4,3", "64,64,4,3,64,64,4,3"]
 
-FWD = ["128,64,4,3", "128,64,8,3", "128,128,8,3", "128,128,8,2", "64,64,4,3", "128,32,4,3"]
-BWD = ["32,128,4,3,128,32,4,3", "64,128,8,2,128,64,8,2", "32,64,4,3,64,64,4,3", "64,64,4,2,128,32,8,2",
-       "16,128,4,3,64,32,4,3"]
+
+def _import_variant(spec: str | None):
+    """``None`` -> this checkout's ``flashmask``; ``name=path`` -> the package at ``path/name``."""
+    if spec is None:
+        return importlib.import_module("flashmask.triton_flashmask")
+    name, path = spec.split("=", 1)
+    sys.path.insert(0, path)
+    return importlib.import_module(f"{name}.triton_flashmask")
+
+
+def _inputs(args, mask: str):
+    from flashmask.benchmarks.bench_attention import build_mask
+
+    s, d, h = args.seq, args.head_dim, 32
+    b = max(1, 32768 // s) if args.batch is None else args.batch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    k, v = k[:, :, : h // args.gqa].contiguous(), v[:, :, : h // args.gqa].contiguous()
+    sri, causal = build_mask(mask, s, b)
+    return q, k, v, do, (sri.cuda() if sri is not None else None), causal
+
+
+def _jobs(args):
+    """(variant label, variant spec, env dict, kind, cfg) for every point of the sweep."""
+    variants = [("new", None, ())]
+    for a in args.alt:
+        variants.append((a.split("=", 1)[0], a, ()))
+    for e in args.env_variant:
+        label, kv = e.split("=", 1)
+        var, val = kv.split("=", 1)
+        variants.append((label, None, ((var, val),)))
+    out = []
+    for (label, spec, env), (kind, cfgs) in itertools.product(variants, (("fwd", args.fwd), ("bwd-d", args.bwd),
+                                                                         ("bwd-a", args.bwd if args.atomic else []))):
+        for cfg in cfgs:
+            if label != "new" and cfg != cfgs[0]:
+                continue  # A/B variants only at the first (default) config of each kind
+            out.append((label, spec, env, kind, cfg))
+    return out
+
+
+def _time_one(args, job, mask, inputs, bench: bool):
+    from triton.testing import do_bench
+
+    label, spec, env, kind, cfg = job
+    env = dict(env)
+    old_env = {k: os.environ.get(k) for k in list(env) + ["FLASHMASK_FWD_CFG", "FLASHMASK_BWD_CFG"]}
+    os.environ.update(env)
+    os.environ["FLASHMASK_FWD_CFG" if kind == "fwd" else "FLASHMASK_BWD_CFG"] = cfg
+    if kind != "fwd" and args.fwd:
+        os.environ["FLASHMASK_FWD_CFG"] = args.fwd[0]
+    try:
+        mod = _import_variant(spec)
+        q, k, v, do, sri, causal = inputs
+        scale = q.shape[-1] ** -0.5
+        if kind == "fwd":
+            fn = lambda: mod.flashmask_attention_triton(q, k, v, sri, causal, scale, False)  # noqa: E731
+        else:
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            o = mod.flashmask_attention_triton(*leaves, sri, causal, scale, kind == "bwd-d")[0]
+            fn = lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)  # noqa: E731
+        fn()
+        torch.cuda.synchronize()
+        return do_bench(fn, warmup=10, rep=40, return_mode="median") if bench else 0.0
+    except Exception as e:  # out of shared memory / registers for this shape
+        print(f"{label} {kind} {cfg} {mask}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+        return float("inf")
+    finally:
+        for key, val in old_env.items():
+            if val is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = val
+
+
+def _precompile_worker(args, jobs):
+    for mask in args.masks:
+        inputs = _inputs(args, mask)
+        for job in jobs:
+            _time_one(args, job, mask, inputs, bench=False)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=None, help="default 32768 // seq")
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--emit-env", default=None, help="write 'export FLASHMASK_...=...' lines here")
+    p.add_argument("--gqa", type=int, default=1, help="query heads per kv head")
+    p.add_argument("--masks", default="full,causal_document", type=lambda s: s.split(","))
+    p.add_argument("--fwd", nargs="*", default=FWD, help="BM,BN,warps,stages")
+    p.add_argument("--bwd", nargs="*", default=BWD, help="BM,BN,warps,stages,dqBM,dqBN,dqwarps,dqstages")
+    p.add_argument("--atomic", action="store_true", help="also time the atomic-dQ backward")
+    p.add_argument("--alt", nargs="*", default=[], help="name=path: another package copy to A/B")
+    p.add_argument("--env-variant", nargs="*", default=[], help="label=VAR=value")
+    p.add_argument("--precompile", type=int, default=0, help="worker processes for compilation first")
+    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    s, d, h = args.seq, args.head_dim, 32
-    b = max(1, 32768 // s)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    docs = [[s // 4, s // 8, s // 2, s - s // 4 - s // 8 - s // 2]] * b
-    cases = {"full": (None, False), "causal_document": (M.causal_document_mask(docs).startend_row_indices.cuda(),
-                                                        True)}
-    scale = d ** -0.5
-    fwd_tot, bwd_tot, det_tot = {}, {}, {}
-    print(f"{'kind':6} {'config':28} " + " ".join(f"{n:>16}" for n in cases), flush=True)
-    for cfg in FWD:
-        os.environ["FLASHMASK_FWD_CFG"] = cfg
-        ts = []
-        for sri, causal in cases.values():
-            try:
-                ts.append(do_bench(lambda: flashmask_attention_triton(q, k, v, sri, causal, scale, False),
-                                   warmup=10, rep=40, return_mode="median"))
-            except Exception as e:  # out of shared memory / registers for this shape
-                ts.append(float("inf"))
-                print(f"fwd {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-        fwd_tot[cfg] = sum(ts)
-        print(f"{'fwd':6} {cfg:28} " + " ".join(f"{t:16.3f}" for t in ts), flush=True)
-    best_fwd = min(fwd_tot, key=fwd_tot.get)
-    os.environ["FLASHMASK_FWD_CFG"] = best_fwd
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    for cfg in BWD:
-        os.environ["FLASHMASK_BWD_CFG"] = cfg
-        for det, tot in ((False, bwd_tot), (True, det_tot)):
-            ts = []
-            for sri, causal in cases.values():
-                try:
-                    o = flashmask_attention_triton(*leaves, sri, causal, scale, det)[0]
-                    ts.append(do_bench(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True),
-                                       warmup=10, rep=40, return_mode="median"))
-                except Exception as e:
-                    ts.append(float("inf"))
-                    print(f"bwd {cfg} det={det}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-            tot[cfg] = sum(ts)
-            print(f"{'bwd-d' if det else 'bwd-a':6} {cfg:28} " + " ".join(f"{t:16.3f}" for t in ts), flush=True)
-    best_bwd = min(bwd_tot, key=bwd_tot.get)
-    best_det = min(det_tot, key=det_tot.get)
-    print(f"best fwd {best_fwd} ({fwd_tot[best_fwd]:.3f} ms), bwd atomic {best_bwd} ({bwd_tot[best_bwd]:.3f} ms), "
-          f"bwd deterministic {best_det} ({det_tot[best_det]:.3f} ms)")
-    if args.emit_env:
-        # the default (non-deterministic) backward uses the atomic winner; the dQ part of the deterministic winner
-        bb = best_bwd.split(",")[:4] + best_det.split(",")[4:]
-        with open(args.emit_env, "w") as f:
-            f.write(f"export FLASHMASK_FWD_CFG={best_fwd}\nexport FLASHMASK_BWD_CFG={','.join(bb)}\n")
+    jobs = _jobs(args)
+    if args.precompile > 1:
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_precompile_worker, args=(args, jobs[i :: args.precompile]))
+                 for i in range(args.precompile)]
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join()
+    rows = []
+    print(f"seq {args.seq} head_dim {args.head_dim} gqa {args.gqa}; ms (median)", flush=True)
+    print(f"{'variant':8} {'kind':6} {'config':24} " + " ".join(f"{m:>20}" for m in args.masks), flush=True)
+    times = {job: [] for job in jobs}
+    for mask in args.masks:
+        inputs = _inputs(args, mask)
+        for job in jobs:
+            times[job].append(_time_one(args, job, mask, inputs, bench=True))
+        del inputs
+        torch.cuda.empty_cache()
+    for job in jobs:
+        label, _, _, kind, cfg = job
+        print(f"{label:8} {kind:6} {cfg:24} " + " ".join(f"{t:20.3f}" for t in times[job]), flush=True)
+        rows.append(dict(variant=label, kind=kind, config=cfg, ms=dict(zip(args.masks, times[job]))))
+    for kind in ("fwd", "bwd-d", "bwd-a"):
+        cand = [r for r in rows if r["kind"] == kind and r["variant"] == "new"]
+        if cand:
+            best = min(cand, key=lambda r: sum(r["ms"].values()))
+            print(f"best {kind}: {best['config']} (sum {sum(best['ms'].values()):.3f} ms)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(seq=args.seq, head_dim=args.head_dim, gqa=args.gqa, rows=rows), f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
