@@ -9,8 +9,13 @@ Times (median ms, ``triton.testing.do_bench``) the forward and forward+backward 
 Outputs of flex (and SDPA where run) are compared with ours before timing. TFLOP/s count only the allowed
 (unmasked) score elements: fwd 4*D*allowed*H, fwd+bwd 3.5x that (bwd = 2.5 x fwd), flashmask.md §3.7.
 
+Also: the bf16 matmul rate (8192^3 GEMM) measured in the same run, mask memory (ours: the int32 index tensor;
+flex: the BlockMask's tensors; dense: the bool mask), and a summary with the geometric mean and the worst mask of
+the fwd+bwd speedup over flex, the causal ratio to cuDNN and the forward causal rate as a share of the matmul rate.
+``--memory-seq 131072`` adds one long causal-document case (B=1): time and peak memory, ours vs flex.
+
 Usage: ``python -m flashmask.benchmarks.bench_attention [--seqs 8192,16384,32768] [--tokens 32768]
-[--masks causal,document,...] [--out results.jsonl]``. Needs CUDA.
+[--masks causal,document,...] [--head-dim 128] [--memory-seq 131072] [--out results.jsonl]``. Needs CUDA.
 """
 
 from __future__ import annotations
@@ -166,6 +171,8 @@ def run(args) -> list[dict]:
             n_allowed = allowed_count(sri, causal, b, s)
             fl = 4.0 * d * h * n_allowed
             row = dict(mask=name, S=s, B=b, H=h, D=d, density=n_allowed / (b * s * s))
+            row["ours_mask_bytes"] = 0 if sri is None else sri.numel() * sri.element_size()
+            row["dense_mask_bytes"] = b * s * s  # [B, 1, S, S] bool
 
             def ours_f():
                 return flashmask_attention_triton(q, k, v, sri, causal, scale, False)[0]
@@ -180,6 +187,7 @@ def run(args) -> list[dict]:
 
             bm, row["flex_build_ms_first"] = fm.block_mask(sri, causal)
             bm, row["flex_build_ms"] = fm.block_mask(sri, causal)
+            row["flex_mask_bytes"] = block_mask_bytes(bm)
             if name == "full":
                 bm = None
             fo = flex(qt, kt, vt, block_mask=bm, scale=scale)
@@ -236,6 +244,81 @@ def run(args) -> list[dict]:
     return results
 
 
+def block_mask_bytes(bm) -> int:
+    """Bytes held by a BlockMask's tensors (block counts and indices, both directions)."""
+    return sum(t.numel() * t.element_size() for t in vars(bm).values() if isinstance(t, torch.Tensor))
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """bf16 ``[n, n] @ [n, n]`` rate in TFLOP/s (the compute roof the attention rates are compared with)."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return 2 * n ** 3 / bench(lambda: a @ b) * 1e-9
+
+
+def memory_case(args, s: int) -> dict:
+    """One causal-document pack of ``s`` tokens (B=1): fwd+bwd ms and peak GiB, ours vs flex."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    h, d = args.heads, args.head_dim
+    sri, causal = build_mask("causal_document", s, 1)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, do = (torch.randn(1, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    row = dict(mask="causal_document", S=s, B=1, H=h, D=d, ours_mask_bytes=sri.numel() * 4)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+    def ours_fb():
+        flashmask_attention_triton(*leaves, sri, causal, d ** -0.5, False)[0].backward(do)
+
+    for tag, fn, grads in (("ours", ours_fb, leaves),):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        row[f"{tag}_fb_ms"] = bench(fn, grads)
+        row[f"{tag}_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+    flex = torch.compile(flex_attention, dynamic=False)
+    fm = FlexMask(1, s)
+    bm, row["flex_build_ms_first"] = fm.block_mask(sri, causal)
+    row["flex_mask_bytes"] = block_mask_bytes(bm)
+    qt, kt, vt, dot = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))
+    leaves_t = [t.clone().requires_grad_(True) for t in (qt, kt, vt)]
+
+    def flex_fb():
+        flex(*leaves_t, block_mask=bm, scale=d ** -0.5).backward(dot)
+
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        row["flex_fb_ms"] = bench(flex_fb, leaves_t)
+        row["flex_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+    except Exception as e:  # noqa: BLE001  (OOM or compile failure is a result here)
+        row["flex_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    row["dense_mask_bytes"] = s * s
+    return row
+
+
+def summary(results: list[dict], mm: float) -> str:
+    """Geometric mean / worst fwd+bwd speedup over flex, cuDNN causal ratios, forward causal vs matmul."""
+    rows = [r for r in results if "flex_fb_ms" in r and "ours_fwd_ms" in r]
+    out = [f"bf16 matmul (8192^3): {mm:.0f} TFLOP/s"]
+    for s in sorted({r["S"] for r in rows}):
+        sub = [r for r in rows if r["S"] == s]
+        fb = [r["flex_fb_ms"] / r["ours_fb_ms"] for r in sub]
+        fw = [r["flex_fwd_ms"] / r["ours_fwd_ms"] for r in sub]
+        worst = min(sub, key=lambda r: r["flex_fb_ms"] / r["ours_fb_ms"])
+        out.append(f"S={s}: fwd+bwd vs flex geomean {math.exp(sum(map(math.log, fb)) / len(fb)):.3f}x, worst "
+                   f"{worst['mask']} {worst['flex_fb_ms'] / worst['ours_fb_ms']:.2f}x; fwd geomean "
+                   f"{math.exp(sum(map(math.log, fw)) / len(fw)):.3f}x")
+        for r in sub:
+            if r["mask"] == "causal" and "sdpa_cudnn_fb_ms" in r:
+                out.append(f"S={s} causal: ours/cuDNN speed fwd {r['sdpa_cudnn_fwd_ms'] / r['ours_fwd_ms']:.2f}x, "
+                           f"fwd+bwd {r['sdpa_cudnn_fb_ms'] / r['ours_fb_ms']:.2f}x; ours fwd "
+                           f"{r['ours_fwd_tflops']:.0f} TFLOP/s = {r['ours_fwd_tflops'] / mm:.0%} of matmul")
+    allfb = [r["flex_fb_ms"] / r["ours_fb_ms"] for r in rows]
+    if allfb:
+        out.append(f"all rows: fwd+bwd vs flex geomean {math.exp(sum(map(math.log, allfb)) / len(allfb)):.3f}x, "
+                   f"min {min(allfb):.2f}x, rows >= 1.1x: {sum(x >= 1.1 for x in allfb)}/{len(allfb)}")
+    return "\n".join(out)
+
+
 def table(results: list[dict]) -> str:
     """Markdown table: ms and TFLOP/s of ours vs flex (and SDPA) per mask and S."""
     lines = ["| mask | S | B | density | ours fwd ms (TF/s) | flex fwd ms (TF/s) | ours fwd+bwd ms (TF/s) | "
@@ -263,16 +346,26 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--masks", default=",".join(MASKS))
     p.add_argument("--dense-max-s", type=int, default=8192, help="largest S for the SDPA dense-mask baseline")
+    p.add_argument("--memory-seq", type=int, default=0, help="also one causal-document pack of this length")
     p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
-    args.seqs = [int(x) for x in args.seqs.split(",")]
-    args.masks = args.masks.split(",")
+    args.seqs = [int(x) for x in args.seqs.split(",") if x]
+    args.masks = [m for m in args.masks.split(",") if m]
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA GPU")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"triton {__import__('triton').__version__} bf16 H={args.heads} D={args.head_dim}", flush=True)
-    res = run(args)
+    mm = matmul_tflops()
+    print(f"# bf16 matmul {mm:.0f} TFLOP/s", flush=True)
+    res = run(args) if args.seqs and args.masks else []
+    if args.memory_seq:
+        row = memory_case(args, args.memory_seq)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
     print(table(res))
+    print(summary(res, mm))
 
 
 if __name__ == "__main__":
