@@ -190,3 +190,26 @@ def test_compiled_bf16_within_one_ulp_of_eager(compile_on_cpu):
             assert a.dtype == b.dtype == torch.bfloat16
             # eager rounds each bf16 op, the fused kernel once: <= 2 bf16 ulps of the result's magnitude
             assert ((a.float() - b.float()).abs() <= 2 * 2 ** -8 * b.float().abs() + 1e-6).all()
+
+
+def test_dtensor_inputs_run_eagerly(compile_on_cpu):
+    """Under TP / sequence parallel the norm input and weights are DTensors: the fused entry points must not
+    hand them to torch.compile (one-rank gloo mesh here)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        g = torch.Generator().manual_seed(3)
+        x, w = torch.randn(2, 5, 8, generator=g), torch.rand(8, generator=g) + 0.5
+        dx, dw = distribute_tensor(x, mesh, [Replicate()]), distribute_tensor(w, mesh, [Replicate()])
+        out = elementwise.fused_rms_norm(dx, dw, 1e-6)
+        assert isinstance(out, DTensor) and not elementwise._compiled
+        assert torch.equal(out.to_local(), elementwise.rms_norm_eager(x, w, 1e-6))
+    finally:
+        if owns:
+            dist.destroy_process_group()
