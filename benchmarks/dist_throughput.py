@@ -60,7 +60,17 @@ LAYOUTS = {  # name -> (world size, ParallelDims keywords)
     "single": (1, {}),
     "fsdp": (2, dict(sharding=2, tp=1, sharding_stage="stage2")),
     "tp": (2, dict(sharding=1, tp=2, tensor_parallel_output=True, sequence_parallel=True)),
+    "tp_nosp": (2, dict(sharding=1, tp=2, tensor_parallel_output=True)),
+    "fsdp_tp": (4, dict(sharding=2, tp=2, sharding_stage="stage2", tensor_parallel_output=True,
+                        sequence_parallel=True)),
 }
+
+# ERNIE-3.5-SE at the Llama-1B scale (same vocabulary and data): hidden 2048, 16 layers (head attention layer,
+# 14 fused parallel layers, tail FFN layer), 16 heads of 128, intermediate 5504, tied embeddings: 1.03 B parameters.
+ERNIE_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=5504, num_hidden_layers=16,
+                num_attention_heads=16, max_position_embeddings=16384, weight_share=True)
+ERNIE_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  max_position_embeddings=4096, weight_share=True)
 
 
 def _sync(device) -> None:
@@ -68,6 +78,61 @@ def _sync(device) -> None:
         dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+_COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
+
+
+def _profiler(device):
+    """``torch.profiler`` over one optimizer step: CPU ops with input shapes, plus CUDA kernels on a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=acts, record_shapes=True)
+
+
+def summarize_profile(prof, device, micro_batches: int, layers: int, top: int = 15) -> dict:
+    """Top kernels and the collectives of one profiled optimizer step.
+
+    Returns ``{"top": [[name, calls, ms], ...], "comm_ms", "compute_ms", "collectives": {op: {"calls",
+    "per_layer_per_micro_batch", "shapes": {shape: calls}}}}``. On CUDA, ``top`` ranks device kernels by self device
+    time and ``comm_ms`` sums NCCL kernels (they overlap compute only where FSDP prefetches); on CPU, ops by self CPU
+    time. Collectives are the c10d / functional-collective ops issued on the host (``wait_tensor`` excluded).
+    """
+    cuda = device.type == "cuda"
+
+    def self_ms(e):
+        return (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) / 1e3 if cuda \
+            else e.self_cpu_time_total / 1e3
+
+    avgs = [e for e in prof.key_averages() if self_ms(e) > 0]
+    if cuda:  # device kernels only: names of host ops carry no device self time except through their kernels
+        avgs = [e for e in avgs if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)] or avgs
+    avgs.sort(key=self_ms, reverse=True)
+    comm = sum(self_ms(e) for e in avgs if "nccl" in e.key.lower() or (not cuda and "gloo" in e.key.lower()))
+    total = sum(self_ms(e) for e in avgs)
+    colls: dict = {}
+    for e in prof.events():
+        if e.name.startswith(_COLLECTIVE_PREFIXES) and "wait" not in e.name:
+            c = colls.setdefault(e.name, {"calls": 0, "shapes": {}})
+            c["calls"] += 1
+            shape = str([list(x) for x in e.input_shapes if x][:1])
+            c["shapes"][shape] = c["shapes"].get(shape, 0) + 1
+    for c in colls.values():
+        c["per_layer_per_micro_batch"] = round(c["calls"] / max(layers * micro_batches, 1), 2)
+    return {"top": [[e.key[:100], e.count, round(self_ms(e), 3)] for e in avgs[:top]],
+            "comm_ms": round(comm, 3), "compute_ms": round(total - comm, 3), "collectives": colls,
+            "micro_batches": micro_batches, "layers": layers}
+
+
+def print_profile(name: str, p: dict) -> None:
+    print(f"[{name}] profiled step: {p['micro_batches']} micro-batches x {p['layers']} layers; "
+          f"communication {p['comm_ms']:.1f} ms, other {p['compute_ms']:.1f} ms (self time)")
+    for k, calls, ms in p["top"]:
+        print(f"    {ms:10.2f} ms  {calls:6d}x  {k}")
+    for op, c in sorted(p["collectives"].items()):
+        shapes = ", ".join(f"{sh} x{n}" for sh, n in sorted(c["shapes"].items(), key=lambda t: -t[1])[:3])
+        print(f"    {op}: {c['calls']} calls ({c['per_layer_per_micro_batch']} / layer / micro-batch); {shapes}")
 
 
 def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
@@ -81,23 +146,36 @@ def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
     need, kw = LAYOUTS[name]
     if world != need:
         raise ValueError(f"layout {name!r} needs torchrun --nproc_per_node {need}, launched with {world}")
-    dims = ParallelDims(dp=1, world_size=world, device_type=device.type, **kw) if world > 1 else None
+    fp32_reduce = {"auto": None, "on": True, "off": False}[args.tp_fp32_reduce]
+    dims = ParallelDims(dp=1, world_size=world, device_type=device.type, tp_fp32_reduce=fp32_reduce,
+                        **kw) if world > 1 else None
     if dims is not None:
         dims.build_mesh()
     torch.manual_seed(args.seed)  # same initial weights on every rank and layout
     with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(**cfg, recompute=args.recompute)).train()
+        if args.model == "ernie":
+            from paddlenlp_ext.transformers.ernie35 import Ernie35Config, Ernie35ForCausalLM
+
+            model = Ernie35ForCausalLM(Ernie35Config(**cfg, use_recompute=args.recompute)).train()
+        else:
+            model = LlamaForCausalLM(LlamaConfig(**cfg, recompute=args.recompute)).train()
     n_params = sum(p.numel() for p in model.parameters())
     if dims is not None:
         model = parallelize_model(model, dims, SimpleNamespace(bf16=True))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     rows = dp_slice(args.global_packs, dims)  # this rank's packs of each global batch
-    losses, tokens, t0 = [], 0, None
-    for step in range(args.warmup + args.steps):
+    losses, tokens, t0, secs, prof = [], 0, None, None, None
+    n_prof = 1 if args.profile else 0
+    for step in range(args.warmup + args.steps + n_prof):
         if step == args.warmup:
             _sync(device)
             t0 = time.perf_counter()
+        if step == args.warmup + args.steps:  # one extra, untimed step under the profiler
+            _sync(device)
+            secs = time.perf_counter() - t0
+            prof = _profiler(device)
+            prof.__enter__()
         glob = packs[step * args.global_packs:(step + 1) * args.global_packs]
         mine = [collate_packs([p], args.pack_len, pad_token_id=0) for p in glob[rows]]
         mine = [{k: v.to(device, non_blocking=True) for k, v in b.items() if torch.is_tensor(v)} for b in mine]
@@ -117,14 +195,22 @@ def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(all_reduce_sum_dp(step_sum, dims) / count))
-        if t0 is not None:  # global non-padding tokens, the same on every rank (all ranks built all packs)
+        if t0 is not None and prof is None:  # global non-padding tokens, equal on every rank (all ranks built all packs)
             tokens += sum(int(count_real_tokens(collate_packs([p], args.pack_len, pad_token_id=0))) for p in glob)
     _sync(device)
-    secs = time.perf_counter() - t0
-    res = dict(status="ok", layout=name, world_size=world, tokens_per_s=tokens / secs,
+    if secs is None:
+        secs = time.perf_counter() - t0
+    profile = None
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        profile = summarize_profile(prof, device, len(mine), cfg["num_hidden_layers"])
+    res = dict(status="ok", model=args.model, layout=name, world_size=world, tokens_per_s=tokens / secs,
                tokens_per_s_per_gpu=tokens / secs / world, seconds=secs, timed_steps=args.steps,
                timed_tokens=tokens, global_packs=args.global_packs, pack_len=args.pack_len,
-               micro_batches_per_rank=len(range(args.global_packs)[rows]), params=n_params, losses=losses)
+               micro_batches_per_rank=len(range(args.global_packs)[rows]), params=n_params,
+               losses=losses[:args.warmup + args.steps], tp_fp32_reduce=args.tp_fp32_reduce)
+    if profile is not None:
+        res["profile"] = profile
     if device.type == "cuda":
         peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
         if dist.is_initialized():
@@ -164,6 +250,12 @@ def main(argv=None) -> None:
     ap.add_argument("--recompute", action="store_true", help="activation checkpointing of each decoder layer")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="toy model and 256-token packs on CPU (debugging)")
+    ap.add_argument("--model", choices=("llama", "ernie"), default="llama",
+                    help="Llama-3.2-1B shape, or ERNIE-3.5-SE at the same scale (ERNIE_1B)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, profile one more step: top kernels, NCCL time, collectives")
+    ap.add_argument("--tp_fp32_reduce", choices=("auto", "on", "off"), default="auto",
+                    help="row-parallel reductions in fp32 (ParallelDims.tp_fp32_reduce; auto = tp > 2)")
     ap.add_argument("--out", default="dist_throughput_out", help="directory for <layout>.json")
     ap.add_argument("--table", default=None, help="only print the table of the JSON files in this directory")
     args = ap.parse_args(argv)
@@ -179,9 +271,9 @@ def main(argv=None) -> None:
     for n in names:
         if n not in LAYOUTS:
             raise ValueError(f"--layouts: unknown layout {n!r}; expected one of {list(LAYOUTS)}")
-    cfg = dict(LLAMA_1B)
+    cfg = dict(ERNIE_1B if args.model == "ernie" else LLAMA_1B)
     if args.tiny:
-        cfg, args.pack_len = dict(TINY), min(args.pack_len, 256)
+        cfg, args.pack_len = dict(ERNIE_TINY if args.model == "ernie" else TINY), min(args.pack_len, 256)
     use_cuda = torch.cuda.is_available() and not args.tiny
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         if use_cuda:
@@ -189,7 +281,8 @@ def main(argv=None) -> None:
         dist.init_process_group("nccl" if use_cuda else "gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     rank = dist.get_rank() if dist.is_initialized() else 0
-    packs = build_packs(cfg["vocab_size"], args.pack_len, args.global_packs * (args.warmup + args.steps), args.seed,
+    n_steps = args.warmup + args.steps + (1 if args.profile else 0)
+    packs = build_packs(cfg["vocab_size"], args.pack_len, args.global_packs * n_steps, args.seed,
                         1.0 if not args.tiny else 0.05)
     os.makedirs(args.out, exist_ok=True)
     results = {}
@@ -206,8 +299,11 @@ def main(argv=None) -> None:
                                  gpu=torch.cuda.get_device_name(device) if use_cuda else "cpu",
                                  nccl=".".join(map(str, torch.cuda.nccl.version())) if use_cuda else None)
         if rank == 0:
-            print(f"[{n}] {json.dumps({k: v for k, v in results[n].items() if k != 'env'})}", flush=True)
-            json.dump(results[n], open(os.path.join(args.out, f"{n}.json"), "w"), indent=1)
+            print(f"[{n}] {json.dumps({k: v for k, v in results[n].items() if k not in ('env', 'profile')})}",
+                  flush=True)
+            if "profile" in results[n]:
+                print_profile(n, results[n]["profile"])
+            json.dump(results[n], open(os.path.join(args.out, f"{args.model}_{n}.json"), "w"), indent=1)
     if rank == 0:
         print(fmt_table(results))
     if dist.is_initialized():

@@ -77,6 +77,9 @@ class ParallelDims:
             bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``). None (default): only when
             ``tp > 2`` (with 2 ranks a bf16 sum rounds once, like the fp32 sum cast back; from 3 ranks on a bf16
             ring/tree reduction rounds ``tp - 1`` times).
+        tp_impl: ``"auto"`` (default: ``"local"`` unless the model has LoRA layers), ``"local"`` (Megatron-style
+            compute on local shards, ``local_tp``) or ``"dtensor"`` (torch's ``ColwiseParallel`` / ``RowwiseParallel``
+            styles). Both place the parameters identically.
 
     Raises:
         ValueError: degrees whose product is not ``world_size``, a degree < 1 other than -1,
@@ -93,6 +96,7 @@ class ParallelDims:
     tensor_parallel_output: bool = False
     device_type: str = "cpu"
     tp_fp32_reduce: bool | None = None
+    tp_impl: str = "auto"
     mesh: Any = field(default=None, repr=False)
     batch_mesh: Any = field(default=None, repr=False)
 

@@ -203,19 +203,50 @@ def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
 
     names = {n for n, _ in model.named_modules()}
     tied = _is_tied(model)
-    plan = llama_tp_plan(model, parallel_dims)
-    for fqn in plan:
-        pattern = re.compile("^" + re.escape(fqn).replace(r"\*", r"\d+") + "$")
-        if not any(pattern.match(n) for n in names):
-            raise ValueError(f"TP plan entry {fqn!r} matches no module of {type(model).__name__}; "
-                             f"tensor parallelism expects HF Llama module names (docs/design.md section 4)")
-    parallelize_module(model, parallel_dims.tp_mesh(), plan)
-    _replicate_rest(model, parallel_dims.tp_mesh())
+    if _use_local_tp(model, parallel_dims):
+        _apply_local(model, parallel_dims)
+    else:
+        plan = llama_tp_plan(model, parallel_dims)
+        for fqn in plan:
+            pattern = re.compile("^" + re.escape(fqn).replace(r"\*", r"\d+") + "$")
+            if not any(pattern.match(n) for n in names):
+                raise ValueError(f"TP plan entry {fqn!r} matches no module of {type(model).__name__}; "
+                                 f"tensor parallelism expects HF Llama module names (docs/design.md section 4)")
+        parallelize_module(model, parallel_dims.tp_mesh(), plan)
+        _replicate_rest(model, parallel_dims.tp_mesh())
     if parallel_dims.sequence_parallel:
         model.register_forward_pre_hook(_check_sequence_divisible(parallel_dims.tp), with_kwargs=True)
     if tied:
         # Embedding (RowwiseParallel) and LM head (ColwiseParallel) both place [V, H] as Shard(0): one DTensor.
         model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def _use_local_tp(model: nn.Module, parallel_dims: ParallelDims) -> bool:
+    """``tp_impl``: "local" (Megatron-style local compute, ``local_tp``), "dtensor" (torch's styles) or "auto"
+    (local unless the model has LoRA layers, whose adapters only the DTensor styles place)."""
+    impl = getattr(parallel_dims, "tp_impl", "auto")
+    lora = any(_is_lora(m) for m in model.modules())
+    if impl not in ("auto", "local", "dtensor"):
+        raise ValueError(f"ParallelDims.tp_impl={impl!r}: expected 'auto', 'local' or 'dtensor'")
+    if impl == "local" and lora:
+        raise ValueError("ParallelDims.tp_impl='local' does not place LoRA adapters; use 'auto' or 'dtensor'")
+    return impl == "local" or (impl == "auto" and not lora)
+
+
+def _apply_local(model: nn.Module, parallel_dims: ParallelDims) -> None:
+    from .local_tp import apply_local_tp, local_plan
+
+    config = _model_config(model)
+    sp = parallel_dims.sequence_parallel
+    vocab_split = config.vocab_size % parallel_dims.tp == 0
+    if sp and not vocab_split:
+        raise ValueError(f"sequence_parallel needs vocab_size ({config.vocab_size}) divisible by "
+                         f"tensor_parallel_degree ({parallel_dims.tp})")
+    fp32 = getattr(parallel_dims, "tp_fp32_reduce", None)
+    fp32 = parallel_dims.tp > 2 if fp32 is None else bool(fp32)
+    plan = local_plan(model, config, sp=sp, vocab_split=vocab_split)
+    apply_local_tp(model, plan, parallel_dims.tp_mesh(), sp=sp, fp32=fp32,
+                   loss_parallel=parallel_dims.tensor_parallel_output and vocab_split)
 
 
 def _replicate_rest(model: nn.Module, tp_mesh) -> None:

@@ -1,9 +1,10 @@
 """Row-parallel reductions in fp32 under bf16 autocast (``tp_fp32_reduce``), 2 gloo processes on CPU.
 
-- Which dtype reaches the collectives: every all-reduce / reduce-scatter that DTensor issues in a TP 2 forward +
-  backward of the tiny Llama (+ sequence parallel) under ``torch.autocast(cpu, bfloat16)`` is recorded by wrapping
-  ``torch.distributed._functional_collectives``; with ``tp_fp32_reduce`` the row-parallel outputs are reduced in
-  fp32 (and without it in bf16, which shows the spy sees them).
+- Which dtype reaches the collectives: every all-reduce / reduce-scatter of a TP 2 forward + backward of the tiny
+  Llama (+ sequence parallel) under ``torch.autocast(cpu, bfloat16)``, for both TP implementations (``local``: c10d
+  calls; ``dtensor``: DTensor's functional collectives), is recorded by wrapping ``torch.distributed`` and
+  ``torch.distributed._functional_collectives``; with ``tp_fp32_reduce`` nothing is summed in bf16 (and without it
+  the row-parallel outputs are, which shows the spy sees them).
 - What is reduced: a row-parallel ``Linear`` under autocast returns exactly the fp32 sum of the two ranks' bf16
   partial products (each rank recomputes both partial products itself), and with bf16 reduction that sum rounded
   to bf16.
@@ -46,14 +47,14 @@ def result(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.parametrize("impl", ["local", "dtensor"])
 @pytest.mark.parametrize("sp", [False, True])
-def test_row_parallel_reductions_run_in_fp32(result, sp):
-    on, off = result[f"dtypes_fp32_sp{int(sp)}"], result[f"dtypes_bf16_sp{int(sp)}"]
-    kind = "reduce_scatter" if sp else "all_reduce"
+def test_row_parallel_reductions_run_in_fp32(result, impl, sp):
+    on, off = result[f"dtypes_{impl}_fp32_sp{int(sp)}"], result[f"dtypes_{impl}_bf16_sp{int(sp)}"]
     # 2 layers x (o_proj, down_proj) in forward; the spy must see them in both settings
-    assert on.get(f"{kind}:torch.float32", 0) >= 4, on
-    assert off.get(f"{kind}:torch.bfloat16", 0) >= 4, off
-    assert not any(k.endswith("bfloat16") for k in on), on  # nothing is reduced in bf16 once it is on
+    assert on.get("reduce:torch.float32", 0) >= 4, on
+    assert off.get("reduce:torch.bfloat16", 0) >= 4, off
+    assert on.get("reduce:torch.bfloat16", 0) == 0, on  # nothing is summed in bf16 once it is on
 
 
 def test_row_parallel_output_is_exact_fp32_sum_of_bf16_partials(result):
@@ -61,22 +62,23 @@ def test_row_parallel_output_is_exact_fp32_sum_of_bf16_partials(result):
     assert result["exact"]["bf16_dtype"] == "torch.bfloat16" and result["exact"]["bf16_equal"], result["exact"]
 
 
+@pytest.mark.parametrize("impl", ["local", "dtensor"])
 @pytest.mark.parametrize("model", ["llama", "ernie"])
 @pytest.mark.parametrize("fp32_reduce", [True, False])
-def test_tp_bf16_step0_error_like_one_process(result, model, fp32_reduce):
+def test_tp_bf16_step0_error_like_one_process(result, impl, model, fp32_reduce):
     r = result["precision"][model]
-    tp = r[f"tp_fp32red{int(fp32_reduce)}"]
+    tp = r[f"tp_{impl}_fp32red{int(fp32_reduce)}"]
     for key in ("grad", "logits"):
         assert tp[key] <= 2 * r["one_bf16"][key], (model, key, tp, r["one_bf16"])
         assert tp[key] > 0  # it did run in bf16
 
 
 # ---------------------------------------------------------------------------------------------------- worker
-def _dims(world, fp32_reduce, sp=False):
+def _dims(world, fp32_reduce, sp=False, impl="auto"):
     from paddlenlp_ext.distributed import ParallelDims
 
     dims = ParallelDims(dp=1, sharding=1, tp=world, world_size=world, sequence_parallel=sp,
-                        tensor_parallel_output=sp, tp_fp32_reduce=fp32_reduce)
+                        tensor_parallel_output=sp, tp_fp32_reduce=fp32_reduce, tp_impl=impl)
     dims.build_mesh()
     return dims
 
@@ -116,7 +118,10 @@ def _step0(model, bf16: bool, sp: bool = False):
     return logits.detach().double(), _full_grads(model)
 
 
-def _collective_dtypes(world, fp32_reduce, sp) -> dict:
+def _collective_dtypes(world, fp32_reduce, sp, impl) -> dict:
+    """``{"reduce:<dtype>": calls}`` of every sum collective (DTensor's functional collectives and c10d's) in one
+    forward + backward under bf16 autocast."""
+    import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
     from paddlenlp_ext.distributed import parallelize_model
@@ -124,24 +129,26 @@ def _collective_dtypes(world, fp32_reduce, sp) -> dict:
 
     seen: dict = {}
     # reduce_scatter_single (torch 2.13) / reduce_scatter_tensor (older): DTensor's Partial -> Shard
-    originals = {n: getattr(funcol, n) for n in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single")
-                 if hasattr(funcol, n)}
+    targets = [(m, n) for m in (funcol, dist) for n in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single")
+               if hasattr(m, n)]
+    originals = {(m, n): getattr(m, n) for m, n in targets}
 
-    def spy(name):
+    def spy(orig):
         def call(tensor, *args, **kwargs):
-            key = f"{name if name == 'all_reduce' else 'reduce_scatter'}:{tensor.dtype}"
+            t = args[0] if orig.__name__ == "reduce_scatter_tensor" and orig.__module__.endswith("c10d") else tensor
+            key = f"reduce:{t.dtype}"
             seen[key] = seen.get(key, 0) + 1
-            return originals[name](tensor, *args, **kwargs)
+            return orig(tensor, *args, **kwargs)
         return call
 
-    model = parallelize_model(build_model(False), _dims(world, fp32_reduce, sp), SimpleNamespace(bf16=False))
-    for n in originals:
-        setattr(funcol, n, spy(n))
+    model = parallelize_model(build_model(False), _dims(world, fp32_reduce, sp, impl), SimpleNamespace(bf16=False))
+    for (m, n), f in originals.items():
+        setattr(m, n, spy(f))
     try:
         _step0(model, bf16=True, sp=sp)
     finally:
-        for n, f in originals.items():
-            setattr(funcol, n, f)
+        for (m, n), f in originals.items():
+            setattr(m, n, f)
     return seen
 
 
@@ -180,10 +187,12 @@ def _precision(world) -> dict:
         l16, g16 = _step0(build_model(False, kind), bf16=True)
         r["one_bf16"] = {"logits": float((l16 - ref_l).norm() / ref_l.norm()), "grad": float((g16 - ref_g).norm() / ref_g.norm())}
         for fp32 in (True, False):
-            model = parallelize_model(build_model(False, kind), _dims(world, fp32), SimpleNamespace(bf16=False))
-            lt, gt = _step0(model, bf16=True)
-            r[f"tp_fp32red{int(fp32)}"] = {"logits": float((lt - ref_l).norm() / ref_l.norm()),
-                                           "grad": float((gt - ref_g).norm() / ref_g.norm())}
+            for impl in ("local", "dtensor"):
+                model = parallelize_model(build_model(False, kind), _dims(world, fp32, impl=impl),
+                                          SimpleNamespace(bf16=False))
+                lt, gt = _step0(model, bf16=True)
+                r[f"tp_{impl}_fp32red{int(fp32)}"] = {"logits": float((lt - ref_l).norm() / ref_l.norm()),
+                                                      "grad": float((gt - ref_g).norm() / ref_g.norm())}
         res[kind] = r
     return res
 
@@ -195,8 +204,8 @@ def _main(out_path: str) -> None:
 
     init_distributed(SimpleNamespace(tensor_parallel_degree=1, sharding_parallel_degree=-1, sharding="stage1"))
     world = dist.get_world_size()
-    result = {f"dtypes_{'fp32' if f else 'bf16'}_sp{int(sp)}": _collective_dtypes(world, f, sp)
-              for f in (True, False) for sp in (False, True)}
+    result = {f"dtypes_{impl}_{'fp32' if f else 'bf16'}_sp{int(sp)}": _collective_dtypes(world, f, sp, impl)
+              for impl in ("local", "dtensor") for f in (True, False) for sp in (False, True)}
     result["exact"] = _exact_sum(world)
     result["precision"] = _precision(world)
     if dist.get_rank() == 0:
