@@ -360,6 +360,10 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
                    final_loss=float(last) if last is not None else None, warmup_seconds=t0 - t_first)
         if sp["base"] in DPO:
             res.update(pref_pairs=n_pref, pairs_per_s=n_pref / secs)
+        from paddlenlp_ext.ops import elementwise
+
+        if elementwise._failed:  # torch.compile fell back to eager: the fused-op numbers are not fused
+            res["compile_failed"] = sorted(f.__name__ for f in elementwise._failed)
         if device.type == "cuda":
             res["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         return res
