@@ -213,3 +213,21 @@ def test_dtensor_inputs_run_eagerly(compile_on_cpu):
     finally:
         if owns:
             dist.destroy_process_group()
+
+
+def test_ernie_head_with_bias_fused_equals_unfused():
+    """ERNIE-3.5-SE's LM head has a bias: the fused path adds it inside the chunked GEMM and returns its grad."""
+    from paddlenlp_ext.transformers.ernie35 import Ernie35Config, Ernie35ForCausalLM
+
+    torch.manual_seed(0)
+    model = Ernie35ForCausalLM(Ernie35Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=128,
+                                             use_bias=True)).train()
+    assert model.lm_head.bias is not None and use_fused_loss(model)
+    batch = batch_of(2)
+    ref, _, g_ref = _loss_and_grads(model, batch, fused=False)
+    got, _, g_got = _loss_and_grads(model, batch, fused=True)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=0)
+    assert "lm_head.bias" in g_got and g_got.keys() == g_ref.keys()
+    for k in g_ref:
+        assert (g_got[k] - g_ref[k]).abs().max() <= 1e-6 * g_ref[k].abs().max(), k
