@@ -130,10 +130,10 @@ def _fused_sft_loss(model: nn.Module, batch: dict[str, torch.Tensor], skip_ignor
     if hidden.shape[:2] != labels.shape:
         raise ValueError(f"hidden states {list(hidden.shape[:2])} and labels {list(labels.shape)} disagree on "
                          f"[batch, seq]")
-    bias = model.lm_head.bias
-    if bias is not None and not isinstance(bias, torch.Tensor):  # pragma: no cover
-        bias = None
-    if bias is not None and type(bias).__name__ == "DTensor":  # FSDP2 eval resharded the root: gather
+    from torch.distributed.tensor import DTensor
+
+    bias = model.lm_head.bias  # [V] or None
+    if isinstance(bias, DTensor):  # FSDP2 resharded the root after a no-grad forward: gather it
         bias = bias.full_tensor()
     hidden = hidden.reshape(-1, hidden.shape[-1])  # [B*L, E]
     if rows is not None:
