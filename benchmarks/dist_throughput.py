@@ -22,13 +22,19 @@ Metric: effective tokens/s = non-padding tokens of the global batches of the tim
 two ``barrier + cuda.synchronize`` points (rank 0's clock). Peak GiB = max over ranks of
 ``torch.cuda.max_memory_allocated``.
 
+More layouts: ``tp_nosp`` (TP 2 + loss parallel, no SP) and ``fsdp_tp`` (4 ranks: FSDP 2 x TP 2 + SP). ``--model
+ernie``: ERNIE-3.5-SE at the same scale (``ERNIE_1B``, fused ``qkv_gate_up_proj`` layers, 1.03 B parameters).
+``--tp_fp32_reduce on|off|auto`` sets ``ParallelDims.tp_fp32_reduce``. ``--profile``: after the timed steps one more
+step (the last batch again) runs under ``torch.profiler``; rank 0 prints the top kernels by self device time, the
+NCCL kernel time and every collective with its calls per layer per micro-batch (also in the JSON).
+
 Usage (each launch runs the listed layouts one after the other, freeing memory between them)::
 
-    torchrun --nproc_per_node 1 benchmarks/dist_throughput.py --layouts single --out OUT
-    torchrun --nproc_per_node 2 benchmarks/dist_throughput.py --layouts fsdp,tp --out OUT
-    python benchmarks/dist_throughput.py --table OUT        # Markdown table with 2-GPU / 1-GPU ratios
+    torchrun --nproc_per_node 1 benchmarks/dist_throughput.py --layouts single --out OUT [--model ernie]
+    torchrun --nproc_per_node 2 benchmarks/dist_throughput.py --layouts fsdp,tp,tp_nosp --profile --out OUT
+    python benchmarks/dist_throughput.py --table OUT   # Markdown table: x 1 GPU and loss difference per model
 
-``--tiny``: toy model, 256-token packs, CPU + gloo (debugging only). Results: ``OUT/<layout>.json``.
+``--tiny``: toy model, 256-token packs, CPU + gloo (debugging only). Results: ``OUT/<model>_<layout>.json``.
 """
 
 from __future__ import annotations
@@ -176,7 +182,8 @@ def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
             secs = time.perf_counter() - t0
             prof = _profiler(device)
             prof.__enter__()
-        glob = packs[step * args.global_packs:(step + 1) * args.global_packs]
+        k = min(step, args.warmup + args.steps - 1)  # the profiled step repeats the last batch (same data as without)
+        glob = packs[k * args.global_packs:(k + 1) * args.global_packs]
         mine = [collate_packs([p], args.pack_len, pad_token_id=0) for p in glob[rows]]
         mine = [{k: v.to(device, non_blocking=True) for k, v in b.items() if torch.is_tensor(v)} for b in mine]
         local_lab = sum((b["labels"] != IGNORE_INDEX).sum() for b in mine)
@@ -225,18 +232,23 @@ def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
 
 
 def fmt_table(results: dict) -> str:
-    """Markdown table of ``{layout: result}`` with each layout's tokens/s over ``single``'s."""
-    base = results.get("single", {}).get("tokens_per_s")
-    lines = ["| layout | GPUs | micro-batches / rank / step | tokens/s | tokens/s/GPU | x 1 GPU | peak GiB | "
-             "final loss |", "|---|---|---|---|---|---|---|---|"]
+    """Markdown table of ``{file stem: result}``: tokens/s over the same model's ``single`` run, and the largest
+    relative difference of the per-step losses from ``single`` (same data and initial weights; bf16 on CUDA)."""
+    base = {r.get("model", "llama"): r for r in results.values() if r.get("layout") == "single" and r.get("status") == "ok"}
+    lines = ["| model | layout | GPUs | micro-batches / rank / step | tokens/s | tokens/s/GPU | x 1 GPU | peak GiB | "
+             "final loss | max rel loss diff vs 1 GPU |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
+        model = r.get("model", "llama")
         if r.get("status") != "ok":
-            lines.append(f"| {name} | | | {r.get('status')} | | | | |")
+            lines.append(f"| {model} | {r.get('layout', name)} | | | {r.get('status')} | | | | | |")
             continue
-        ratio = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
-        lines.append(f"| {name} | {r['world_size']} | {r['micro_batches_per_rank']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['tokens_per_s_per_gpu']:,.0f} | {ratio} | {r.get('peak_gib_max_rank', float('nan')):.1f} | "
-                     f"{r['losses'][-1]:.4f} |")
+        b = base.get(model)
+        ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}" if b else "-"
+        diff = max((abs(x - y) / abs(y) for x, y in zip(r["losses"], b["losses"])), default=float("nan")) if b else None
+        lines.append(f"| {model} | {r['layout']} | {r['world_size']} | {r['micro_batches_per_rank']} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | {ratio} | "
+                     f"{r.get('peak_gib_max_rank', float('nan')):.1f} | {r['losses'][-1]:.4f} | "
+                     f"{'-' if diff is None else f'{diff:.1e}'} |")
     return "\n".join(lines)
 
 
@@ -260,11 +272,8 @@ def main(argv=None) -> None:
     ap.add_argument("--table", default=None, help="only print the table of the JSON files in this directory")
     args = ap.parse_args(argv)
     if args.table:
-        res = {}
-        for name in LAYOUTS:
-            p = os.path.join(args.table, f"{name}.json")
-            if os.path.exists(p):
-                res[name] = json.load(open(p))
+        res = {f[:-5]: json.load(open(os.path.join(args.table, f)))
+               for f in sorted(os.listdir(args.table)) if f.endswith(".json")}
         print(fmt_table(res))
         return
     names = [n for n in args.layouts.split(",") if n]
@@ -281,8 +290,7 @@ def main(argv=None) -> None:
         dist.init_process_group("nccl" if use_cuda else "gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     rank = dist.get_rank() if dist.is_initialized() else 0
-    n_steps = args.warmup + args.steps + (1 if args.profile else 0)
-    packs = build_packs(cfg["vocab_size"], args.pack_len, args.global_packs * n_steps, args.seed,
+    packs = build_packs(cfg["vocab_size"], args.pack_len, args.global_packs * (args.warmup + args.steps), args.seed,
                         1.0 if not args.tiny else 0.05)
     os.makedirs(args.out, exist_ok=True)
     results = {}
