@@ -23,6 +23,11 @@ Embedding and LM head are split only when ``vocab_size % tp == 0`` (else replica
 ``tensor_parallel_output`` the LM head keeps its output vocab-sharded (a ``DTensor`` with ``Shard(-1)``) and
 the loss must run inside :func:`loss_parallel_context`; otherwise logits are all-gathered to full ``[B, L, V]``.
 
+That table is the DTensor implementation (``tp_impl="dtensor"``, used with LoRA). Without LoRA the same
+placements are computed on local shards with one collective per block (``local_tp``, Megatron-LM's layout; see
+docs/distributed.md for why). ERNIE-3.5-SE's fused ``qkv_gate_up_proj`` / ``o_proj`` are split per block with
+rank-major permuted rows / columns (``tp_styles``, ``fused_layout``).
+
 Each TP rank then runs the model with its local heads: the q/k/v projections emit ``[B, L, H_local*D]``,
 which the model reshapes with ``-1`` heads (or its local head count) before FlashMask; the
 ``attn_mask_startend_row_indices`` are replicated (every rank holds the same ``[B, 1, L, 1]``).
@@ -102,8 +107,8 @@ def _colwise(lora: bool, **kwargs):
 
 
 def _rowwise(lora: bool, fp32_reduce: bool = True, **kwargs):
-    """``RowwiseParallel`` reducing bf16 partial sums in fp32; for a ``LoRALinear`` also split ``lora_A`` on
-    ``in`` (see ``tp_styles``)."""
+    """``RowwiseParallel``, reducing bf16 partial sums in fp32 when ``fp32_reduce``; for a ``LoRALinear`` also split
+    ``lora_A`` on ``in`` (see ``tp_styles``)."""
     from .tp_styles import rowwise_style
 
     return rowwise_style(lora, fp32_reduce=fp32_reduce, **kwargs)
@@ -194,10 +199,12 @@ def _ernie_layer_plan(model: nn.Module, config: Any, lora: bool, fp32: bool, res
 
 
 def apply_tp(model: nn.Module, parallel_dims: ParallelDims) -> None:
-    """Apply :func:`llama_tp_plan` on ``parallel_dims.tp_mesh()``; re-tie ``lm_head.weight`` if it was tied.
+    """Tensor parallelism on ``parallel_dims.tp_mesh()``: local compute (``local_tp``) or :func:`llama_tp_plan`
+    with ``parallelize_module`` (``parallel_dims.tp_impl``); re-tie ``lm_head.weight`` if it was tied.
 
     Raises:
-        ValueError: the model does not have the Llama module names the plan expects.
+        ValueError: the model does not have the Llama / ERNIE module names the plan expects; ``tp_impl`` unknown,
+            or "local" with LoRA layers.
     """
     from torch.distributed.tensor.parallel import parallelize_module
 

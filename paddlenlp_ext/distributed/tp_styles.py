@@ -12,8 +12,9 @@
 2. Fused projections whose output (or input) concatenates several blocks that must each be split over TP,
    e.g. ERNIE-3.5-SE's ``qkv_gate_up_proj`` ``[QKV (3H) | G (I) | U (I)]`` and ``o_proj`` input
    ``[FFN (I) | ATTN (H)]``. Rank ``r`` must hold ``[QKV_r | G_r | U_r]``, which no single ``Shard`` placement
-   gives. :class:`FusedColwiseParallel` / :class:`FusedRowwiseParallel` permute the weight rows (columns) into
-   rank-major order (:func:`rank_major_index`) and then ``Shard(0)`` (``Shard(1)``) the permuted tensor, so the
+   gives. :func:`colwise_style` / :func:`rowwise_style` with ``blocks`` (and ``local_tp``, with the same
+   ``_shard_permuted``) permute the weight rows (columns) into rank-major order (:func:`rank_major_index`) and
+   then ``Shard(0)`` (``Shard(1)``) the permuted tensor, so the
    local matmul emits ``[QKV_r | G_r | U_r]`` with no communication. The permutation is undone wherever whole
    tensors are read (``paddlenlp_ext.distributed.fused_layout``): model and optimizer state dicts (DCP, exports,
    LoRA adapters) always hold the natural layout, so checkpoints move between TP degrees.
