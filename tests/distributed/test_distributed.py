@@ -1,5 +1,8 @@
 """Multi-process CPU tests (gloo): FSDP2, TP, FSDP x TP, HSDP, resume, reshard-on-load, exports, LoRA.
 
+TP runs the local implementation (``tp_impl="auto"`` without LoRA); ``*_dtensor`` scenarios and the LoRA ones run
+torch's DTensor styles.
+
 Each world size is launched once (torchrun subprocess) and runs all its scenarios from ``worker.py`` in one
 process group; the tests then compare per-step losses and gradient norms against a single-process run of the
 same tiny fp32 Llama on the same global batches.
@@ -82,6 +85,8 @@ def world2(tmp, ref):
         {"name": "tp", "layout": tp, "end": 4},
         {"name": "tp_loss_parallel", "layout": {**tp, "tensor_parallel_output": True}, "end": 4},
         {"name": "tp_sequence_parallel", "layout": {**tp, "sequence_parallel": True}, "end": 4},
+        {"name": "tp_dtensor", "layout": {**tp, "tensor_parallel_output": True, "tp_impl": "dtensor"}, "end": 4},
+        {"name": "tp_sp_dtensor", "layout": {**tp, "sequence_parallel": True, "tp_impl": "dtensor"}, "end": 4},
         {"name": "tp_tied", "layout": {**tp, "tensor_parallel_output": True}, "end": 4, "tied": True},
         {"name": "fsdp_tied", "layout": fsdp, "end": 4, "tied": True},
         {"name": "save_fsdp", "layout": fsdp, "end": 2, "save_at": 2, "save": ck},
@@ -112,6 +117,8 @@ def world2(tmp, ref):
 def world4(tmp, world2):
     spec = [
         {"name": "fsdp_x_tp", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2}, "end": 4},
+        {"name": "fsdp_x_tp_dtensor", "layout": {"sharding": 2, "sharding_stage": "stage2", "tp": 2,
+                                                 "tp_impl": "dtensor"}, "end": 4},
         {"name": "dp_x_tp", "layout": {"dp": 2, "sharding": 1, "tp": 2}, "end": 4},
         {"name": "hsdp", "layout": {"dp": 2, "sharding": 2, "sharding_stage": "stage3"}, "end": 4},
         {"name": "reshard_to_fsdp_x_tp_sp", "layout": {"sharding": 2, "sharding_stage": "stage3", "tp": 2,
@@ -140,7 +147,8 @@ def _assert_close(got: dict, want: dict, tol: float, lo: int = 0, hi: int | None
         assert max(rel) <= tol, f"{key}: got {g}, single process {w}, max rel diff {max(rel):.3g} > tol {tol:.3g}"
 
 
-@pytest.mark.parametrize("name", ["fsdp", "fsdp_stage3", "dp", "tp", "tp_loss_parallel", "tp_sequence_parallel"])
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_stage3", "dp", "tp", "tp_loss_parallel", "tp_sequence_parallel",
+                                  "tp_dtensor", "tp_sp_dtensor"])
 def test_two_ranks_match_one_process(world2, ref, tol, name):
     _assert_close(world2[name], ref["ref"], tol)
 
@@ -191,7 +199,7 @@ def test_tied_embeddings(world2, ref, tol, name):
     _assert_close(world2[name], ref["ref_tied"], tol)
 
 
-@pytest.mark.parametrize("name", ["fsdp_x_tp", "dp_x_tp", "hsdp"])
+@pytest.mark.parametrize("name", ["fsdp_x_tp", "dp_x_tp", "hsdp", "fsdp_x_tp_dtensor"])
 def test_four_ranks_match_one_process(world4, ref, tol, name):
     _assert_close(world4[name], ref["ref"], tol)
 

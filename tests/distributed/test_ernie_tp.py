@@ -2,7 +2,8 @@
 each rank holds whole heads and the matching FFN columns (``paddlenlp_ext.distributed.tp_styles``).
 
 Compared with one process on the same global batches (tiny ERNIE of ``worker.py``: head attention layer, one fused
-parallel layer, tail FFN layer; hidden 64, 4 heads, intermediate 128): TP 2 (+ sequence parallel + loss parallel),
+parallel layer, tail FFN layer; hidden 64, 4 heads, intermediate 128): TP 2 (+ sequence parallel + loss parallel;
+local compute, and torch's DTensor styles),
 FSDP 2 x TP 2, LoRA under TP 2; DCP checkpoints saved under TP 2 and FSDP 2 x TP 2, loaded in one process, under
 FSDP 2 and under FSDP 2 x TP 2 (reshard); the gathered HF export and LoRA adapters equal the single-process ones.
 
@@ -53,6 +54,7 @@ def runs(tmp):
          "eval_after": True},
         {"name": "init_tp", "layout": TP, "end": 0, **E, "export": str(tmp / "hf_init_tp")},
         {"name": "tp_sp_lp", "layout": {**TP, "sequence_parallel": True, "tensor_parallel_output": True}, "end": 4, **E},
+        {"name": "tp_sp_dtensor", "layout": {**TP, "sequence_parallel": True, "tp_impl": "dtensor"}, "end": 4, **E},
         {"name": "save_tp", "layout": TP, "end": 2, "save_at": 2, "save": ck_tp, **E},
         {"name": "fsdp_from_tp", "layout": FSDP, "start": 2, "end": 4, "load": ck_tp, **E},
         {"name": "lora_tp", "layout": TP, "end": 3, "lora": True, **E, "adapters": str(tmp / "lora_tp")},
@@ -89,7 +91,7 @@ def test_fused_projection_is_split(runs):
     assert shapes["model.layers.2.mlp.down_proj.weight"] == [64, 64]
 
 
-@pytest.mark.parametrize("name", ["tp", "tp_sp_lp", "fsdp_x_tp", "fsdp_x_tp_sp"])
+@pytest.mark.parametrize("name", ["tp", "tp_sp_lp", "tp_sp_dtensor", "fsdp_x_tp", "fsdp_x_tp_sp"])
 def test_ernie_tp_matches_one_process(runs, tol, name):
     _assert_close(runs[name], runs["ref"], tol)
 

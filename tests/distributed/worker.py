@@ -5,7 +5,7 @@ every scenario of SPEC in order inside one process group and rank 0 writes ``{na
 A scenario is a dict:
 
 - ``name``; ``layout``: ``{dp, sharding, tp, sharding_stage, tensor_parallel_output, sequence_parallel,
-  tp_fp32_reduce}``;
+  tp_fp32_reduce, tp_impl}``;
 - ``start``/``end``: first step / step after the last; ``micro``: micro-batches per step (default 1);
 - ``model``: ``"llama"`` (default), ``"ernie"`` or ``"reward"`` (see ``run_reward_scenario``); ``vocab`` (128);
   ``tied``; ``lora``; ``from_pretrained``;
@@ -110,7 +110,7 @@ def run_scenario(sc: dict, world_size: int) -> dict:
                         world_size=world_size, sharding_stage=lay.get("sharding_stage"),
                         sequence_parallel=lay.get("sequence_parallel", False),
                         tensor_parallel_output=lay.get("tensor_parallel_output", False), device_type=dev.type,
-                        tp_fp32_reduce=lay.get("tp_fp32_reduce"))
+                        tp_fp32_reduce=lay.get("tp_fp32_reduce"), tp_impl=lay.get("tp_impl", "auto"))
     if world_size > 1:
         dims.build_mesh()
     if sc.get("from_pretrained"):
