@@ -111,6 +111,9 @@ def main(argv=None) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     model = build_model(model_args, training_args)
+    from paddlenlp_ext.ops import set_llm_config
+
+    set_llm_config(model, training_args)  # use_fused_* keys -> model config (PaddleNLP's LlmMetaConfig)
     if parallel_dims is not None:
         from paddlenlp_ext.distributed import parallelize_model
 

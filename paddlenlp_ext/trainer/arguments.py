@@ -26,8 +26,6 @@ logger = logging.getLogger(__name__)
 _SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")  # trainer/optimization.py
 _STRATEGIES = ("no", "steps", "epoch")
 _RECOMPUTE = ("full", "core_attn", "full_attn")
-_PLUMB = ("implemented in paddlenlp_ext.ops and read from the model config, but the launchers do not copy it there "
-          "yet (paddlenlp_ext.ops.set_llm_config(model, training_args)); the fused cross entropy is on by default")
 
 
 def _help(text: str) -> Dict[str, str]:
@@ -152,18 +150,18 @@ class TrainingArguments:
 
     # fused kernels that PaddleNLP switches per flag (LlmMeta). paddlenlp_ext.ops.set_llm_config copies the
     # use_fused_* keys onto the model config (PaddleNLP's LlmMetaConfig.set_llm_config); the model and sft_loss
-    # read them there. _PLUMB marks them until the launchers call set_llm_config (then drop the marker).
-    use_fused_rms_norm: bool = field(default=False, metadata=inert(_PLUMB, help=(
+    # read them there; llm/run_finetune.py calls it right after building the model.
+    use_fused_rms_norm: bool = field(default=False, metadata=_help((
         "RMSNorm through one torch.compile'd kernel on CUDA (eager on CPU / DTensors); same HF-order math.")))
-    use_fused_rope: bool = field(default=False, metadata=inert(_PLUMB, help=(
+    use_fused_rope: bool = field(default=False, metadata=_help((
         "RoPE of q and k in one torch.compile'd region on CUDA (eager on CPU / DTensors).")))
-    use_fused_swiglu: bool = field(default=False, metadata=inert(_PLUMB, help=(
+    use_fused_swiglu: bool = field(default=False, metadata=_help((
         "silu(gate)*up as one torch.compile'd kernel on CUDA (ours: PaddleNLP always uses its fused swiglu op).")))
     use_fused_linear: bool = field(default=False, metadata=inert("the linears already run as single GEMMs",
                                                                  help="Fused linear."))
     use_fused_dropout_add: bool = field(default=False, metadata=inert("the models have no dropout",
                                                                       help="Fused dropout-add."))
-    use_fused_linear_cross_entropy: bool = field(default=True, metadata=inert(_PLUMB, help=(
+    use_fused_linear_cross_entropy: bool = field(default=True, metadata=_help((
         "LM head + cross entropy chunked over tokens without full [tokens, vocab] logits (SFT loss; not under "
         "tensor parallelism). Default True (PaddleNLP: False): numerically the unfused formula, less memory; a "
         "model config without the key also uses True.")))

@@ -152,3 +152,26 @@ def test_launcher_torchrun_lora_matches_one_process(tiny_job):
     assert sorted(a1) == sorted(a2) and all(".lora_" in k for k in a1)
     for k in a1:
         torch.testing.assert_close(a2[k], a1[k], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_keys_reach_the_model(tiny_job, monkeypatch):
+    """``use_fused_*`` keys of the JSON config end up on the model config (set_llm_config in the launcher), and
+    a run with the fused cross entropy switched off trains to the same losses as the default fused one."""
+    mod = _launcher()
+    seen = {}
+    real = mod.build_model
+
+    def spy(model_args, training_args):
+        model = real(model_args, training_args)
+        seen["model"] = model
+        return model
+
+    monkeypatch.setattr(mod, "build_model", spy)
+    runs = {}
+    for fused in (True, False):
+        out = tiny_job / f"fused_{fused}"
+        runs[fused] = mod.main(_argv(tiny_job, out, max_steps=2, do_eval=False, use_fused_swiglu=True,
+                                     use_fused_linear_cross_entropy=fused, chat_after_train=False))
+        cfg = seen["model"].config
+        assert cfg.use_fused_swiglu is True and cfg.use_fused_linear_cross_entropy is fused
+    assert runs[True]["train_loss"] == pytest.approx(runs[False]["train_loss"], rel=1e-5)
