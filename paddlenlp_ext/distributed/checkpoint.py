@@ -10,7 +10,6 @@ Every function here is collective when torch.distributed is initialised: call it
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
