@@ -1,7 +1,8 @@
 """Fused ops on CUDA (torch.compile -> Triton), against eager PyTorch in the same dtype. Skipped without a GPU.
 
 Bounds are derived from same-dtype eager runs against an fp64 run: the fused result may be off by at most a small
-multiple of the eager result's own error (fp32: 4x + 4 ulps; bf16: 1.5x in relative Frobenius norm + one bf16
+multiple of the eager result's own error (fp32: 4x + 16 ulps of the largest value: Inductor contracts to FMAs
+and re-associates the RMSNorm sum, measured 7 ulps on the H200 where eager fp32 was exact; bf16: 1.5x in relative Frobenius norm + one bf16
 rounding), so a wrong formula (a missing cast, a dropped ignore mask) fails while re-association passes.
 """
 
@@ -31,7 +32,7 @@ def _within(got, ref, truth, bf16: bool):
         if bf16:
             assert (g - t).norm() <= 1.5 * (r - t).norm() + 2 ** -8 * t.norm() / t.numel() ** 0.5
         else:
-            assert (g - t).abs().max() <= 4 * (r - t).abs().max() + 4 * 2 ** -23 * t.abs().max()
+            assert (g - t).abs().max() <= 4 * (r - t).abs().max() + 16 * 2 ** -23 * t.abs().max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
