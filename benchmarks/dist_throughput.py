@@ -24,7 +24,8 @@ two ``barrier + cuda.synchronize`` points (rank 0's clock). Peak GiB = max over 
 
 More layouts: ``tp_nosp`` (TP 2 + loss parallel, no SP) and ``fsdp_tp`` (4 ranks: FSDP 2 x TP 2 + SP). ``--model
 ernie``: ERNIE-3.5-SE at the same scale (``ERNIE_1B``, fused ``qkv_gate_up_proj`` layers, 1.03 B parameters).
-``--tp_fp32_reduce on|off|auto`` sets ``ParallelDims.tp_fp32_reduce``. ``--profile``: after the timed steps one more
+``--tp_fp32_reduce on|off|auto`` and ``--tp_impl auto|local|dtensor`` set the ``ParallelDims`` fields (``--tag``
+suffixes the result files, to keep several settings side by side). ``--profile``: after the timed steps one more
 step (the last batch again) runs under ``torch.profiler``; rank 0 prints the top kernels by self device time, the
 NCCL kernel time and every collective with its calls per layer per micro-batch (also in the JSON).
 
@@ -154,7 +155,7 @@ def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
         raise ValueError(f"layout {name!r} needs torchrun --nproc_per_node {need}, launched with {world}")
     fp32_reduce = {"auto": None, "on": True, "off": False}[args.tp_fp32_reduce]
     dims = ParallelDims(dp=1, world_size=world, device_type=device.type, tp_fp32_reduce=fp32_reduce,
-                        **kw) if world > 1 else None
+                        tp_impl=args.tp_impl, **kw) if world > 1 else None
     if dims is not None:
         dims.build_mesh()
     torch.manual_seed(args.seed)  # same initial weights on every rank and layout
@@ -215,7 +216,7 @@ def run_layout(name: str, args, cfg: dict, packs: list[dict], device) -> dict:
                tokens_per_s_per_gpu=tokens / secs / world, seconds=secs, timed_steps=args.steps,
                timed_tokens=tokens, global_packs=args.global_packs, pack_len=args.pack_len,
                micro_batches_per_rank=len(range(args.global_packs)[rows]), params=n_params,
-               losses=losses[:args.warmup + args.steps], tp_fp32_reduce=args.tp_fp32_reduce)
+               losses=losses[:args.warmup + args.steps], tp_fp32_reduce=args.tp_fp32_reduce, tp_impl=args.tp_impl)
     if profile is not None:
         res["profile"] = profile
     if device.type == "cuda":
@@ -245,7 +246,8 @@ def fmt_table(results: dict) -> str:
         b = base.get(model)
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}" if b else "-"
         diff = max((abs(x - y) / abs(y) for x, y in zip(r["losses"], b["losses"])), default=float("nan")) if b else None
-        lines.append(f"| {model} | {r['layout']} | {r['world_size']} | {r['micro_batches_per_rank']} | "
+        layout = r["layout"] + (f" ({r['tp_impl']})" if r.get("tp_impl", "auto") != "auto" else "")
+        lines.append(f"| {model} | {layout} | {r['world_size']} | {r['micro_batches_per_rank']} | "
                      f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | {ratio} | "
                      f"{r.get('peak_gib_max_rank', float('nan')):.1f} | {r['losses'][-1]:.4f} | "
                      f"{'-' if diff is None else f'{diff:.1e}'} |")
@@ -268,6 +270,9 @@ def main(argv=None) -> None:
                     help="after the timed steps, profile one more step: top kernels, NCCL time, collectives")
     ap.add_argument("--tp_fp32_reduce", choices=("auto", "on", "off"), default="auto",
                     help="row-parallel reductions in fp32 (ParallelDims.tp_fp32_reduce; auto = tp > 2)")
+    ap.add_argument("--tp_impl", choices=("auto", "local", "dtensor"), default="auto",
+                    help="ParallelDims.tp_impl: local compute (default without LoRA) or torch's DTensor styles")
+    ap.add_argument("--tag", default="", help="suffix of the result file names (compare settings side by side)")
     ap.add_argument("--out", default="dist_throughput_out", help="directory for <layout>.json")
     ap.add_argument("--table", default=None, help="only print the table of the JSON files in this directory")
     args = ap.parse_args(argv)
@@ -311,7 +316,7 @@ def main(argv=None) -> None:
                   flush=True)
             if "profile" in results[n]:
                 print_profile(n, results[n]["profile"])
-            json.dump(results[n], open(os.path.join(args.out, f"{args.model}_{n}.json"), "w"), indent=1)
+            json.dump(results[n], open(os.path.join(args.out, f"{args.model}_{n}{args.tag}.json"), "w"), indent=1)
     if rank == 0:
         print(fmt_table(results))
     if dist.is_initialized():
