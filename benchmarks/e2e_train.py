@@ -460,7 +460,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--pack_len", type=int, default=8192)
     ap.add_argument("--batch_size", type=int, default=4, help="examples per padded batch")
     ap.add_argument("--steps", type=int, default=10, help="timed packs (padded setups: their examples)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=4,
+                    help="untimed steps first; they must cover Triton and torch.compile (re)compiles for new shapes")
     ap.add_argument("--loss", choices=LOSSES, default="fused", help="default loss of every setup")
     ap.add_argument("--fused", choices=("on", "off"), default="on", help="use_fused_rms_norm/rope/swiglu default")
     ap.add_argument("--recompute", action="store_true", help="activation checkpointing in the table runs")
