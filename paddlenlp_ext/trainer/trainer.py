@@ -350,10 +350,12 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         count = torch.zeros((), device=self.device, dtype=torch.float64)
-        for batch in self._loader(dataset, self.args.per_device_eval_batch_size, shuffle=False, drop_last=False):
+        for batch, real in self._eval_batches(dataset):
             batch = self._to_device(batch)
             with self._loss_context(), self._autocast():
                 ls, c, metrics = self.compute_loss(self.model, batch)
+            if not real:  # a filler pass: keeps FSDP/TP collectives in step across data ranks, counts nothing
+                continue
             loss_sum += ls.detach().double()
             count += torch.as_tensor(c, device=self.device).double()
             for k, v in metrics.items():
@@ -371,6 +373,32 @@ class Trainer:
         if log:
             logger.info("eval: %s", json.dumps(result))
         return result
+
+    def _eval_batches(self, dataset):
+        """``(batch, real)`` over this data rank's share of the dev set, every item exactly once overall.
+
+        A map-style dev set is split without the wrap-around padding of training (which would count repeated
+        packs twice in the mean); ranks left with fewer batches run filler passes on an already-seen batch with
+        ``real=False``, so every rank makes the same number of forward calls (FSDP/TP collectives). Iterable dev
+        sets keep ``ShardedIterable``'s rule (an incomplete last global batch is dropped when data ranks > 1).
+        """
+        bs = self.args.per_device_eval_batch_size
+        if self.dp.size == 1 or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            for batch in self._loader(dataset, bs, shuffle=False, drop_last=False):
+                yield batch, True
+            return
+        n, world = len(dataset), self.dp.size
+        sampler = ResumableSampler(n, world, self.dp.rank, shuffle=False, pad=False)
+        loader = DataLoader(dataset, batch_size=bs, sampler=sampler, collate_fn=self.data_collator)
+        most = math.ceil(math.ceil(n / world) / bs)  # batches of the rank with the most items
+        done, last = 0, None
+        for batch in loader:
+            done, last = done + 1, batch
+            yield batch, True
+        if done < most and last is None:  # fewer dev items than data ranks: borrow item 0 for the filler passes
+            last = self.data_collator([dataset[0]])
+        for _ in range(most - done):
+            yield last, False
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> str:

@@ -63,17 +63,19 @@ class ResumableSampler(Sampler[int]):
 
     Epoch ``e`` uses ``torch.randperm(n, generator=seed + e)`` when ``shuffle``, independent of the global RNG,
     so a resumed run sees the same order. Like ``DistributedSampler``, the list is padded by wrapping around
-    (or truncated when ``drop_last``) to a multiple of ``num_replicas`` and rank ``r`` takes ``[r::num_replicas]``.
+    (or truncated when ``drop_last``) to a multiple of ``num_replicas`` and rank ``r`` takes ``[r::num_replicas]``;
+    ``pad=False`` leaves the list as it is (ranks may then get one item fewer: evaluation).
     ``skip`` drops the first ``skip`` indices of this rank's slice (already consumed before a resume).
     """
 
     def __init__(self, n: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, epoch: int = 0, skip: int = 0):
+                 drop_last: bool = False, epoch: int = 0, skip: int = 0, pad: bool = True):
         if n <= 0:
             raise ValueError("the dataset is empty: no example survived tokenisation / packing "
                              "(check dataset_name_or_path, max_length and src_length)")
         self.n, self.num_replicas, self.rank = n, num_replicas, rank
         self.shuffle, self.seed, self.drop_last, self.epoch, self.skip = shuffle, seed, drop_last, epoch, skip
+        self.pad = pad
 
     def _indices(self) -> list[int]:
         if self.shuffle:
@@ -83,7 +85,7 @@ class ResumableSampler(Sampler[int]):
             order = list(range(self.n))
         if self.drop_last:
             order = order[: len(order) - len(order) % self.num_replicas]
-        elif len(order) % self.num_replicas:
+        elif self.pad and len(order) % self.num_replicas:
             pad = self.num_replicas - len(order) % self.num_replicas
             order += (order * (pad // len(order) + 1))[:pad]
         return order[self.rank :: self.num_replicas]

@@ -47,3 +47,13 @@ def test_two_ranks_match_one_process_and_resume(tmp_path):
     assert resumed["losses"] == pytest.approx(dist2["losses"], rel=1e-6)
     assert sorted(os.listdir(tmp_path / "split" / "checkpoint-2" / "distcp")) == [".metadata", "__0_0.distcp",
                                                                                   "__1_0.distcp"]
+
+
+def test_eval_counts_every_dev_pack_once_with_an_odd_dev_set(tmp_path):
+    """5 dev packs on 2 ranks: no wrap-around repeat in the mean (rank 1 runs a filler pass that counts nothing),
+    so the 2-rank eval loss equals the 1-process one on the same (untrained) weights."""
+    one = _run(tmp_path, "e1", 1, output_dir=str(tmp_path / "e1"), per_device_train_batch_size=2, max_steps=1,
+               eval_n=5, eval_only=True)
+    two = _run(tmp_path, "e2", 2, output_dir=str(tmp_path / "e2"), per_device_train_batch_size=1, max_steps=1,
+               eval_n=5, eval_only=True)
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-6)

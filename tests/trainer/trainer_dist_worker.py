@@ -1,7 +1,7 @@
 """Worker of test_trainer_distributed.py: the real ``Trainer`` on a tiny Llama, 1 process or under torchrun.
 
 ``worker.py SPEC.json OUT.json``; SPEC: ``{"output_dir", "per_device_train_batch_size", "max_steps",
-"stop_at", "resume", "sharding"}``. Rank 0 writes ``{"losses", "eval_loss", "log_steps"}``.
+"stop_at", "resume", "sharding", "eval_n", "eval_only"}``. Rank 0 writes ``{"losses", "eval_loss", "log_steps"}``.
 Data: 12 synthetic packs (seeded), so every run sees the same global batches.
 """
 
@@ -48,15 +48,16 @@ def main(spec_path, out_path):
     cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = parallelize_model(LlamaForCausalLM(cfg), dims, args)
-    trainer = Trainer(model, args, train_dataset=Packs(12, 0), eval_dataset=Packs(6, 1), parallel_dims=dims)
+    trainer = Trainer(model, args, train_dataset=Packs(12, 0), eval_dataset=Packs(spec.get("eval_n", 6), 1), parallel_dims=dims)
     if spec.get("stop_at"):
         trainer.compute_max_steps = lambda: spec["stop_at"]
         trainer.create_optimizer_and_scheduler(spec["max_steps"])
-    trainer.train(resume_from_checkpoint=spec.get("resume"))
+    if not spec.get("eval_only"):
+        trainer.train(resume_from_checkpoint=spec.get("resume"))
     eval_loss = trainer.evaluate()["eval_loss"]
     if not dist.is_initialized() or dist.get_rank() == 0:
         hist = trainer.state.log_history
-        json.dump({"losses": [h["loss"] for h in hist], "log_steps": [h["step"] for h in hist],
+        json.dump({"losses": [h["loss"] for h in hist if "loss" in h], "log_steps": [h["step"] for h in hist],
                    "eval_loss": eval_loss}, open(out_path, "w"))
     if dist.is_initialized():
         dist.destroy_process_group()
