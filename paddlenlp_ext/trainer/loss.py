@@ -94,8 +94,12 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, fused: b
         ``(loss_sum, count, metrics)``: fp32 scalar sum of per-token cross entropy (nats) over labels != -100,
         int64 scalar token count, and ``{}`` (no extra metrics).
 
+    ERNIE-3.5-SE with ``use_progressive_seq_len`` may return a shorter sequence in training; the labels (and the
+    count) are then cut to match, as PaddleNLP does inside its model.
+
     Raises:
-        ValueError: logits / hidden states and labels disagree on ``[batch, seq]``; ``fused=True`` for a model
+        ValueError: logits / hidden states and labels disagree on ``[batch, seq]`` (other than that cut);
+            ``fused=True`` for a model
             without ``model`` + plain ``lm_head`` or with a tensor-parallel head.
     """
     if fused is None:
@@ -110,12 +114,22 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, fused: b
                    attn_mask_startend_row_indices=batch.get("attn_mask_startend_row_indices"))
     if isinstance(logits, (tuple, list)):
         logits = logits[0]
-    labels = batch["labels"]
-    if logits.shape[:2] != labels.shape:
-        raise ValueError(f"logits {list(logits.shape)} and labels {list(labels.shape)} disagree on [batch, seq]")
+    labels = _labels_for(model, batch["labels"], logits.shape[:2], "logits")
     loss_sum = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                                reduction="sum")
-    return loss_sum, count_label_tokens(batch), {}
+    return loss_sum, (labels != IGNORE_INDEX).sum(), {}
+
+
+def _labels_for(model: nn.Module, labels: torch.Tensor, got: torch.Size, what: str) -> torch.Tensor:
+    """``labels`` ``[B, L]`` matched to the model output's ``[B, L']``: cut to ``L'`` when the model shortened the
+    sequence itself (ERNIE-3.5-SE ``use_progressive_seq_len``, where PaddleNLP cuts the labels inside the model),
+    else they must agree (ValueError naming both shapes)."""
+    if tuple(got) == tuple(labels.shape):
+        return labels
+    progressive = bool(getattr(getattr(model, "config", None), "use_progressive_seq_len", False))
+    if progressive and got[0] == labels.shape[0] and got[1] < labels.shape[1]:
+        return labels[:, : got[1]]
+    raise ValueError(f"{what} {list(got)} and labels {list(labels.shape)} disagree on [batch, seq]")
 
 
 def _fused_sft_loss(model: nn.Module, batch: dict[str, torch.Tensor], skip_ignored: bool):
@@ -127,9 +141,10 @@ def _fused_sft_loss(model: nn.Module, batch: dict[str, torch.Tensor], skip_ignor
     rows = (flat != IGNORE_INDEX).nonzero().squeeze(1) if skip_ignored else None  # host sync, before the forward
     hidden, weight = hidden_states_and_head(model, batch["input_ids"], position_ids=batch.get("position_ids"),
                                             attn_mask_startend_row_indices=batch.get("attn_mask_startend_row_indices"))
-    if hidden.shape[:2] != labels.shape:
-        raise ValueError(f"hidden states {list(hidden.shape[:2])} and labels {list(labels.shape)} disagree on "
-                         f"[batch, seq]")
+    if hidden.shape[:2] != labels.shape:  # the model cut the sequence (progressive length): cut the labels too
+        labels = _labels_for(model, labels, hidden.shape[:2], "hidden states")
+        flat = labels.reshape(-1)
+        rows = (flat != IGNORE_INDEX).nonzero().squeeze(1) if skip_ignored else None
     from torch.distributed.tensor import DTensor
 
     bias = model.lm_head.bias  # [V] or None
@@ -139,4 +154,4 @@ def _fused_sft_loss(model: nn.Module, batch: dict[str, torch.Tensor], skip_ignor
     if rows is not None:
         hidden, flat = hidden.index_select(0, rows), flat.index_select(0, rows)
     loss_sum = fused_linear_cross_entropy(hidden, weight, flat, bias, ignore_index=IGNORE_INDEX)
-    return loss_sum, count_label_tokens(batch), {}
+    return loss_sum, (labels != IGNORE_INDEX).sum(), {}

@@ -178,7 +178,13 @@ class Trainer:
 
     def count_loss_units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Denominator units in ``batch`` (int64 scalar, computed on the host batch before any forward):
-        label tokens for SFT. DPO/RM override this with the number of pairs."""
+        label tokens for SFT (only those the model keeps when it shortens the sequence in training, see
+        ``Ernie35ForCausalLM.training_seq_len``). DPO/RM override this with the number of pairs."""
+        keep = getattr(self.model, "training_seq_len", None)
+        if keep is not None and self.model.training:
+            n = keep(batch["labels"].shape[1])
+            if n < batch["labels"].shape[1]:
+                batch = dict(batch, labels=batch["labels"][:, :n])
         return count_label_tokens(batch)
 
     def reduce_metrics(self, loss_sum: float, count: float, metric_sums: dict[str, float]) -> dict[str, float]:

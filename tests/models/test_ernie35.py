@@ -480,3 +480,29 @@ def test_rm_scores_on_ernie_pack():
             for resp in (ids[p:r0], ids[r0:s]):
                 want.append(rm.score(rm(torch.tensor([ids[:p] + resp]))[0, -1]).squeeze())
     torch.testing.assert_close(torch.stack([s_c, s_r], 1).flatten(), torch.stack(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_progressive_seq_len_cuts_labels_and_count(fused):
+    """use_progressive_seq_len (3B preset): before step 500 the forward keeps 512 tokens; the SFT loss and the
+    trainer's denominator count only the labels of those tokens, in both loss paths, and the loss equals the
+    loss of the batch cut by hand."""
+    from paddlenlp_ext.trainer import Trainer
+    from paddlenlp_ext.trainer.arguments import TrainingArguments
+    from paddlenlp_ext.trainer.loss import sft_loss
+
+    model = tiny_model(max_position_embeddings=1024, use_progressive_seq_len=True).train()
+    model.model.global_step = 0
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(1, V, (n,), generator=g).tolist() for n in (300, 250, 150)]
+    ids, pos, sri = pack_sft(seqs, 700)
+    labels = torch.roll(ids, -1, 1)
+    labels[:, ::3] = -100
+    batch = dict(input_ids=ids, position_ids=pos, attn_mask_startend_row_indices=sri, labels=labels)
+    cut = {k: (v[:, :512] if v.dim() == 2 else v[:, :, :512].clamp(max=512)) for k, v in batch.items()}
+    loss, count, _ = sft_loss(model, batch, fused=fused)
+    ref_loss, ref_count, _ = sft_loss(model, cut, fused=fused)
+    assert int(count) == int(ref_count) == int((labels[:, :512] != -100).sum()) < int((labels != -100).sum())
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    trainer = Trainer(model, TrainingArguments(output_dir="unused", device="cpu", disable_tqdm=True))
+    assert int(trainer.count_loss_units(batch)) == int(count)

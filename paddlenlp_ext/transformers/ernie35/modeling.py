@@ -253,11 +253,20 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
             if layer.mlp is not None:
                 layer.mlp.down_proj.weight.mul_(factor)
 
+    def training_seq_len(self, seq_len: int) -> int:
+        """Tokens the next forward keeps of a ``seq_len``-long batch (the progressive warm-up cut, in training
+        only): the trainer counts the loss denominator with it before the forward."""
+        if self.config.use_progressive_seq_len and self.training:
+            cut = progressive_seq_len(self.model.global_step)
+            if cut is not None:
+                return min(seq_len, cut)
+        return seq_len
+
     def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None):
         """Logits ``[B, L, V]`` (``L`` possibly cut by the progressive warm-up, see class docstring)."""
         if self.config.use_progressive_seq_len and self.training:
-            cut = progressive_seq_len(self.model.global_step)
-            if cut is not None and input_ids.shape[1] > cut:
+            cut = self.training_seq_len(input_ids.shape[1])
+            if cut < input_ids.shape[1]:
                 input_ids = input_ids[:, :cut]
                 position_ids = None if position_ids is None else position_ids[:, :cut]
                 if attn_mask_startend_row_indices is not None:
