@@ -129,7 +129,8 @@ def flashmask_attention(
         window_size: sliding window (``w`` causal, ``(wl, wr)`` bidirectional); exclusive with indices.
         dropout: must be 0.0; attention dropout is not implemented (a non-zero value raises).
         return_softmax_lse: also return the natural-log LSE, fp32 ``[B, H_q, S_q]`` (-inf for empty rows).
-        deterministic: bitwise-reproducible backward (Triton: no atomics in dQ).
+        deterministic: guarantee a bitwise-reproducible backward (the Triton default already is: dQ comes from
+            its own kernel without atomics unless FLASHMASK_ATOMIC_DQ=1).
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
             choice never falls back.
 
