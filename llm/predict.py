@@ -4,14 +4,17 @@ Usage:
     python llm/predict.py --model_name_or_path HuggingFaceTB/SmolLM2-135M-Instruct --prompt "What is 2+2?"
     python llm/predict.py --model_name_or_path ./checkpoints/llama_sft_flashmask      # interactive (a tty)
 
-``--model_name_or_path`` is a local HF directory (ours or transformers') or the embedded SmolLM2 name (LoRA
-adapters must be merged into the weights first). Replies use the tokenizer's chat template; without
-``--prompt``, a tty gets an interactive multi-turn loop and piped stdin is answered line by line.
+``--model_name_or_path`` is a local HF directory (ours or transformers'), the embedded SmolLM2 name, or a LoRA
+output directory (PEFT ``adapter_config.json`` + ``adapter_model.safetensors``: the base model named in its
+``base_model_name_or_path`` is loaded and the adapter merged into it). Replies use the tokenizer's chat template;
+without ``--prompt``, a tty gets an interactive multi-turn loop and piped stdin is answered line by line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 
@@ -40,12 +43,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def load_model_and_tokenizer(path: str, dtype: str):
+    """``(model, tokenizer)`` for a model directory / name, or for a LoRA adapter directory (base + merged adapter).
+
+    Raises:
+        FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing.
+    """
+    adapter_cfg = os.path.join(path, "adapter_config.json")
+    if os.path.isfile(adapter_cfg) and not os.path.isfile(os.path.join(path, "config.json")):
+        from paddlenlp_ext.peft import load_lora, merge_lora
+
+        with open(adapter_cfg) as f:
+            base = json.load(f).get("base_model_name_or_path")
+        if not base:
+            raise ValueError(f"{adapter_cfg}: a LoRA adapter without base_model_name_or_path; load the base model "
+                             "and paddlenlp_ext.peft.load_lora yourself, or train with merge_weights: true")
+        print(f"[predict] {path} is a LoRA adapter: loading its base {base} and merging the adapter",
+              file=sys.stderr)
+        model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), path))
+        has_tok = any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+        return model, AutoTokenizer.from_pretrained(path if has_tok else base)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=args.dtype).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype)
+    model = model.to(args.device)
     gen = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     if args.do_sample:
         gen["generator"] = torch.Generator(device=args.device).manual_seed(args.seed)

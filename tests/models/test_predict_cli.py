@@ -34,3 +34,28 @@ def test_predict_prompt_prints_the_chat_reply(tmp_path, capsys):
     assert rc == 0 and "tokens/s" in out.err
     expected = chat(model, AutoTokenizer.from_pretrained(str(tmp_path / "m")), "Hello there", max_new_tokens=6)
     assert out.out == expected + "\n"
+
+
+def test_predict_on_a_lora_output_directory(tmp_path, capsys):
+    """A LoRA run's output (PEFT adapter + tokenizer, no config.json): predict.py loads the base named in
+    adapter_config.json, merges the adapter and answers like the base + adapter model."""
+    from paddlenlp_ext.peft import apply_lora, save_lora
+
+    tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+    base = tiny_model(vocab_size=49152, tie_word_embeddings=True)
+    base.save_pretrained(tmp_path / "base")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(tok_dir, name), tmp_path / "base" / name)
+    model = apply_lora(base, {"lora_rank": 4})
+    torch.manual_seed(1)
+    with torch.no_grad():  # a non-zero adapter, so merging it changes the answer's logits
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    save_lora(model, str(tmp_path / "lora"), base_model_name_or_path=str(tmp_path / "base"))
+    rc = _load_predict().main(["--model_name_or_path", str(tmp_path / "lora"), "--prompt", "Hello there",
+                               "--max_new_tokens", "6", "--num_threads", str(torch.get_num_threads())])
+    out = capsys.readouterr()
+    assert rc == 0 and "LoRA adapter" in out.err
+    expected = chat(model, AutoTokenizer.from_pretrained(str(tmp_path / "base")), "Hello there", max_new_tokens=6)
+    assert out.out == expected + "\n"
