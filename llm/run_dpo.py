@@ -110,4 +110,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from paddlenlp_ext.trainer.launch import run_cli
+
+    run_cli(main)

@@ -133,6 +133,9 @@ def main(argv=None) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
+    if training_args.do_eval and dev_ds is None:
+        logger.warning("do_eval=true but %s has no dev split (dev.json or dev/*.json): no evaluation",
+                       data_args.dataset_name_or_path)
     if do_eval:
         summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
     if training_args.do_train:
@@ -165,4 +168,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from paddlenlp_ext.trainer.launch import run_cli
+
+    run_cli(main)

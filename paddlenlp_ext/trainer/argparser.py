@@ -362,9 +362,36 @@ class PdArgumentParser:
         cli, errors = _split_cli(argv[1:])
         return self.parse_dict(values, source=path, cli=cli, errors=errors)
 
+    def format_help(self, prog: Optional[str] = None) -> str:
+        """Usage line and, per dataclass, every key with its type, default and help text."""
+        prog = prog or os.path.basename(sys.argv[0] or "launcher")
+        lines = [f"usage: python {prog} CONFIG.json [--key value ...]   (or only --key value ...)",
+                 "Keys come from the JSON config; --key value on the command line overrides them (PaddleNLP's "
+                 "PdArgumentParser).", ""]
+        inert_keys = inert_fields(self.dataclass_types)
+        for t, fields, hints in zip(self.dataclass_types, self._fields, self._hints):
+            lines.append(f"{t.__name__}:")
+            for name, f in fields.items():
+                if f.default is not dataclasses.MISSING:
+                    default = repr(f.default)
+                elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                    default = repr(f.default_factory())  # type: ignore[misc]
+                else:
+                    default = "required"
+                note = " [accepted, not acted on]" if name in inert_keys else ""
+                tp, optional = _unwrap_optional(hints[name])
+                kind = _type_name(tp) + (" or null" if optional else "")
+                lines.append(f"  --{name} ({kind}, default {default}){note}: {f.metadata.get('help', '')}")
+            lines.append("")
+        return "\n".join(lines)
+
     def parse(self, argv: Optional[Sequence[str]] = None):
-        """Dispatch like the PaddleNLP launchers: a config file first, or plain ``--key value`` arguments."""
+        """Dispatch like the PaddleNLP launchers: a config file first, or plain ``--key value`` arguments.
+        ``-h`` / ``--help`` anywhere prints :meth:`format_help` and exits 0."""
         argv = list(sys.argv[1:] if argv is None else argv)
+        if "-h" in argv or "--help" in argv:
+            print(self.format_help())
+            raise SystemExit(0)
         if argv and argv[0].lower().endswith((".json", ".yaml", ".yml")):
             return self.parse_json_file_and_cmd_lines(argv)
         return self.parse_args_into_dataclasses(argv)

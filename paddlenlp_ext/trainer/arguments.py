@@ -16,6 +16,7 @@ warns once about all of them that a config sets. Remove the marker where a key g
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -203,6 +204,8 @@ class TrainingArguments:
     def __post_init__(self):
         e = _Errors()
         e.check(bool(self.output_dir), "output_dir must be a non-empty path")
+        e.check(not self.output_dir or not os.path.exists(self.output_dir) or os.path.isdir(self.output_dir),
+                f"output_dir={self.output_dir!r} is an existing file, not a directory; choose another path")
         e.check(self.lr_scheduler_type in _SCHEDULERS,
                 f"lr_scheduler_type must be one of {_SCHEDULERS}, got {self.lr_scheduler_type!r}")
         for key in ("evaluation_strategy", "save_strategy"):
@@ -283,9 +286,9 @@ class ModelArgument:
         "HF-format model directory (or a name the model loader knows, e.g. the bundled SmolLM2)."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "Tokenizer dir; None = model_name_or_path (PaddleNLP declares it but never reads it)."))
-    use_flash_attention: bool = field(default=False, metadata=inert(
-        "the model always calls flashmask_attention; false does not fall back to (pack-leaking) eager attention",
-        help="Route attention through flashmask_attention (PaddleNLP: an LlmMeta training key; RM: a model key)."))
+    use_flash_attention: bool = field(default=False, metadata=_help(
+        "Route attention through flashmask_attention (PaddleNLP: an LlmMeta training key; RM: a model key). Always "
+        "in effect here: false does not fall back to eager attention (which would leak across packed examples)."))
     flash_mask: bool = field(default=False, metadata=_help(
         "Feed attn_mask_startend_row_indices to attention; forces zero_padding and use_flash_attention."))
     continue_training: bool = field(default=True, metadata=_help("Load pretrained weights (False = random init)."))

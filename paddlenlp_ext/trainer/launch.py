@@ -17,12 +17,35 @@ logger = logging.getLogger(__name__)
 
 
 def init_parallel_dims(training_args):
-    """``ParallelDims`` under torchrun (``WORLD_SIZE > 1``), else None (one process, nothing parallelized)."""
+    """``ParallelDims`` under torchrun (``WORLD_SIZE > 1``), else None (one process, nothing parallelized; a
+    warning when the config asks for more than one rank in some dimension)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        asked = {k: getattr(training_args, k, 1) for k in ("tensor_parallel_degree", "sharding_parallel_degree",
+                                                            "data_parallel_degree")}
+        asked = {k: v for k, v in asked.items() if isinstance(v, int) and v > 1}
+        if asked:
+            logger.warning("%s ask for several processes, but this is one process: training runs unparallelized. "
+                           "Launch with torchrun --nproc_per_node N (N = the product of the degrees).",
+                           ", ".join(f"{k}={v}" for k, v in asked.items()))
         return None
     from paddlenlp_ext.distributed import init_distributed
 
     return init_distributed(training_args)
+
+
+def run_cli(main) -> None:
+    """``main(sys.argv[1:])`` for a launcher's ``__main__``: user errors (bad config, data or paths: ValueError,
+    FileNotFoundError, NotADirectoryError) print ``error: <message>`` and exit 2 instead of a traceback;
+    ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
+    import sys
+
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+        if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
+            raise
+        print(f"error: {e}\n(PADDLENLP_EXT_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def require_model_path(model_args) -> str:

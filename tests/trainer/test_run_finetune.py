@@ -175,3 +175,23 @@ def test_fused_keys_reach_the_model(tiny_job, monkeypatch):
         cfg = seen["model"].config
         assert cfg.use_fused_swiglu is True and cfg.use_fused_linear_cross_entropy is fused
     assert runs[True]["train_loss"] == pytest.approx(runs[False]["train_loss"], rel=1e-5)
+
+
+def test_cli_help_and_user_errors_without_traceback(tmp_path):
+    """``--help`` lists the keys and exits 0; a config mistake prints one ``error:`` message (exit 2, no
+    traceback); an output_dir that is a file is refused before anything loads."""
+    import subprocess
+
+    script = os.path.join(ROOT, "llm", "run_finetune.py")
+    env = dict(os.environ, PADDLENLP_EXT_TRACEBACK="0")
+    helped = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert helped.returncode == 0 and "--learning_rate (float, default" in helped.stdout
+    (tmp_path / "afile").write_text("x")
+    for cfg, expected in (({"output_dir": str(tmp_path / "o"), "learning_rat": 1e-4}, "did you mean 'learning_rate'"),
+                          ({"output_dir": str(tmp_path / "afile")}, "is an existing file, not a directory")):
+        path = tmp_path / "cfg.json"
+        path.write_text(json.dumps(dict(cfg, model_name_or_path="unused", dataset_name_or_path=str(tmp_path))))
+        proc = subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("error: ")
