@@ -42,6 +42,9 @@ def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int,
     return vec.to(torch.int32)[None, None].expand(batch, 1, seq_len, vec.shape[-1]).contiguous()
 
 
+_LAYOUT = " (layout [batch, seq, heads, head_dim]; for [batch, heads, seq, head_dim] tensors pass .transpose(1, 2))"
+
+
 def _validate_qkv(query, key, value, causal, impl):
     _check(impl in _IMPLS, f"impl must be one of {_IMPLS}, got {impl!r}")
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -58,9 +61,10 @@ def _validate_qkv(query, key, value, causal, impl):
     _check(key.shape[0] == b and key.shape[3] == d,
            f"key must be [batch={b}, seq_k, heads_k, head_dim={d}], got {list(key.shape)}")
     s_k, h_k = key.shape[1], key.shape[2]
-    _check(h_k > 0 and h_q % h_k == 0, f"query heads ({h_q}) must be a multiple of key/value heads ({h_k})")
+    _check(h_k > 0 and h_q % h_k == 0,
+           f"query heads ({h_q}) must be a multiple of key/value heads ({h_k})" + _LAYOUT)
     if causal:
-        _check(s_q == s_k, f"causal=True requires seq_q == seq_k, got seq_q={s_q}, seq_k={s_k}")
+        _check(s_q == s_k, f"causal=True requires seq_q == seq_k, got seq_q={s_q}, seq_k={s_k}" + _LAYOUT)
 
 
 def _validate_startend(query, key, sri, causal):
@@ -71,12 +75,14 @@ def _validate_startend(query, key, sri, causal):
     _check(isinstance(sri, torch.Tensor) and sri.dim() == 4,
            f"startend_row_indices must be a 4-D tensor [batch, heads_mask, seq_k, C], got "
            f"{list(sri.shape) if isinstance(sri, torch.Tensor) else type(sri).__name__}")
-    _check(sri.dtype == torch.int32, f"startend_row_indices must be int32, got {sri.dtype}")
+    _check(sri.dtype == torch.int32,
+           f"startend_row_indices must be int32, got {sri.dtype}; convert it with .to(torch.int32)")
     _check(sri.device == query.device, f"startend_row_indices is on {sri.device}, query on {query.device}")
     _check(sri.shape[0] == b and sri.shape[2] == s_k,
-           f"startend_row_indices must be [batch={b}, heads_mask, seq_k={s_k}, C], got {list(sri.shape)}")
+           f"startend_row_indices must be [batch={b}, heads_mask, seq_k={s_k}, C], got {list(sri.shape)}" + _LAYOUT)
     _check(sri.shape[1] in (1, h_k),
-           f"startend_row_indices heads_mask must be 1 or heads_k={h_k}, got {sri.shape[1]}")
+           f"startend_row_indices heads_mask must be 1 or heads_k={h_k}, got {sri.shape[1]}: one mask per "
+           f"key/value head at most (per-query-head masks are not supported, as in Paddle's flashmask_attention)")
     allowed_c = (1, 2) if causal else (2, 4)
     _check(sri.shape[3] in allowed_c,
            f"startend_row_indices last dim must be in {allowed_c} when causal={causal}, got {sri.shape[3]} "

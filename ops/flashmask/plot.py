@@ -147,7 +147,10 @@ def _plot_matplotlib(sri: torch.Tensor, causal: bool, allowed: torch.Tensor, pat
 # ------------------------------------------------------------------------------------------- command line
 
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"expected comma-separated integers, e.g. 3,3,2; got {text!r}") from None
 
 
 def _build(args) -> M.FlashMask:

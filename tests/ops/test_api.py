@@ -51,7 +51,7 @@ def test_device_mismatch():
 
 def test_causal_needs_square():
     q, k, v = qkv(s=8, s_k=12)
-    raises("seq_q == seq_k", "seq_q=8", "seq_k=12", args=(q, k, v))
+    raises("seq_q == seq_k", "seq_q=8", "seq_k=12", ".transpose(1, 2)", args=(q, k, v))
     out = flashmask_attention(q, k, v, causal=False)  # non-causal cross lengths are fine
     assert out.shape == q.shape
 
@@ -60,10 +60,10 @@ def test_startend_rank_dtype_shape():
     q, k, v = qkv()
     raises("4-D tensor", "[2, 1, 8]", args=(q, k, v, sri_of()[..., 0]))
     raises("4-D tensor", "list", args=(q, k, v, [[8]]))
-    raises("must be int32", "torch.int64", args=(q, k, v, sri_of(dtype=torch.int64)))
+    raises("must be int32", "torch.int64", ".to(torch.int32)", args=(q, k, v, sri_of(dtype=torch.int64)))
     raises("batch=2", "seq_k=8", "[1, 1, 8, 1]", args=(q, k, v, sri_of(b=1)))
     raises("batch=2", "seq_k=8", "[2, 1, 7, 1]", args=(q, k, v, sri_of(s=7)))
-    raises("heads_mask must be 1 or heads_k=2", "got 4", args=(q, k, v, sri_of(h=4)))
+    raises("heads_mask must be 1 or heads_k=2", "got 4", "per-query-head", args=(q, k, v, sri_of(h=4)))
 
 
 @pytest.mark.parametrize("causal,bad_c", [(True, 4), (True, 3), (False, 1), (False, 3)])
