@@ -98,6 +98,12 @@ def _resume_target(training_args):
     return None
 
 
+def _checkpoint_step(path) -> int:
+    """Step of a ``checkpoint-<step>`` directory (-1 when the name does not say)."""
+    name = os.path.basename(os.path.normpath(str(path)))
+    return int(name.split("-")[-1]) if name.startswith("checkpoint-") and name.split("-")[-1].isdigit() else -1
+
+
 def main(argv=None) -> dict:
     """Run the SFT job; returns the summary dict it prints."""
     start = time.perf_counter()
@@ -133,13 +139,15 @@ def main(argv=None) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
+    resume = _resume_target(training_args) if training_args.do_train else None
+    finished = resume is not None and _checkpoint_step(resume) >= trainer.compute_max_steps()
     if training_args.do_eval and dev_ds is None:
         logger.warning("do_eval=true but %s has no dev split (dev.json or dev/*.json): no evaluation",
                        data_args.dataset_name_or_path)
-    if do_eval:
+    if do_eval and not finished:  # a finished run only reports its final dev loss
         summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
     if training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=_resume_target(training_args))
+        result = trainer.train(resume_from_checkpoint=resume)
         summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
                        train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
         if model_args.lora:

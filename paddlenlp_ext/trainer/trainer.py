@@ -323,9 +323,10 @@ class Trainer:
                 window.t0 = time.perf_counter()
         metrics_logger.close()
         # train_runtime: time inside optimizer steps (eval and checkpoint writes excluded)
+        # None (not 0.0) when this call trained nothing (a resumed run already at max_steps)
         result = {"global_step": self.state.global_step, "train_runtime": train_time,
-                  "train_loss": total_loss / max(total_count, 1.0),
-                  "tokens_per_sec": total_tokens * self.dp.size / max(train_time, 1e-9)}
+                  "train_loss": total_loss / total_count if total_count else None,
+                  "tokens_per_sec": total_tokens * self.dp.size / train_time if train_time > 0 else None}
         logger.info("training done: %s", json.dumps(result))
         return result
 

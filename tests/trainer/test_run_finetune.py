@@ -75,6 +75,10 @@ def test_launcher_trains_saves_and_resumes(tiny_job, capsys):
     assert summary["global_step"] == 4
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
     assert [h["step"] for h in state["log_history"]] == [1, 2, 3, 4]
+    # once more: already at max_steps, so nothing trains, no "before" eval, no fake 0.0 loss in the summary
+    again = mod.main(_argv(tiny_job, out, max_steps=4, chat_after_train=False))
+    assert again["global_step"] == 4 and "dev_loss_before" not in again and again["train_loss"] is None
+    assert again["dev_loss_after"] == pytest.approx(summary["dev_loss_after"], rel=1e-6)
 
     # the final directory is a Hugging Face Llama that transformers loads to the same logits
     import transformers
