@@ -18,14 +18,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import sys
 import time
 
 import torch
 
 from paddlenlp_ext.trainer import set_seed
 from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, lora_plus_optimizer, require_model_path,
-                                         save_adapter)
+                                         run_cli, save_adapter, train_summary)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_dpo_args
 
@@ -96,8 +95,7 @@ def main(argv=None) -> dict:
         if train_ds is None:
             raise ValueError("do_train=true needs train_dataset_path")
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
-                       train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+        summary.update(train_summary(result))
         if not (training_args.benchmark or training_args.autotuner_benchmark):
             if dpo_config.lora:
                 save_adapter(trainer, model_args, training_args.output_dir)
@@ -110,6 +108,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from paddlenlp_ext.trainer.launch import run_cli
-
     run_cli(main)

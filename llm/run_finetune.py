@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from paddlenlp_ext.trainer import Trainer, finalize_sft_args, list_checkpoints, set_seed
+from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, list_checkpoints, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, lora_plus_optimizer,
-                                         require_model_path, save_adapter)
+                                         require_model_path, run_cli, save_adapter, train_summary)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -98,12 +97,6 @@ def _resume_target(training_args):
     return None
 
 
-def _checkpoint_step(path) -> int:
-    """Step of a ``checkpoint-<step>`` directory (-1 when the name does not say)."""
-    name = os.path.basename(os.path.normpath(str(path)))
-    return int(name.split("-")[-1]) if name.startswith("checkpoint-") and name.split("-")[-1].isdigit() else -1
-
-
 def main(argv=None) -> dict:
     """Run the SFT job; returns the summary dict it prints."""
     start = time.perf_counter()
@@ -140,7 +133,8 @@ def main(argv=None) -> dict:
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
     resume = _resume_target(training_args) if training_args.do_train else None
-    finished = resume is not None and _checkpoint_step(resume) >= trainer.compute_max_steps()
+    step = checkpoint_step(resume) if isinstance(resume, (str, os.PathLike)) else None  # None for true / no resume
+    finished = step is not None and step >= trainer.compute_max_steps()
     if training_args.do_eval and dev_ds is None:
         logger.warning("do_eval=true but %s has no dev split (dev.json or dev/*.json): no evaluation",
                        data_args.dataset_name_or_path)
@@ -148,8 +142,7 @@ def main(argv=None) -> dict:
         summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=resume)
-        summary.update(global_step=result["global_step"], train_loss=result["train_loss"],
-                       train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+        summary.update(train_summary(result))
         if model_args.lora:
             save_adapter(trainer, model_args, training_args.output_dir)
             if model_args.merge_weights:
@@ -176,6 +169,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from paddlenlp_ext.trainer.launch import run_cli
-
     run_cli(main)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked, _load_mask_cols, _masked_from_cols
+from .triton_prep import _elem_masked, _load_mask_cols, _masked_from_cols, _visit_list
 
 
 @triton.jit
@@ -80,13 +80,7 @@ def _flashmask_bwd_dkdv_kernel(
     # the key block is fixed for the whole program: its mask columns are loaded once, as [BLOCK_N, 1]
     lts, lte, uts, ute = _load_mask_cols(offs_n[:, None], S_k, LTS + vec_off, LTE + vec_off, UTS + vec_off,
                                          UTE + vec_off, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
-    lrow = n
-    if HAS_MASK:
-        lrow += bm * NUM_N
-    n_part = tl.load(NPART + lrow)
-    n_full = tl.load(NFULL + lrow)
-    f_lo = tl.load(FLO + lrow)
-    IDX += lrow * NUM_M
+    IDX, n_part, n_full, f_lo = _visit_list(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
 
     for g in range(0, G):
         h = hk * G + g
@@ -170,13 +164,7 @@ def _flashmask_bwd_dq_kernel(
     LTE += vec_off
     UTS += vec_off
     UTE += vec_off
-    lrow = pid_m
-    if HAS_MASK:
-        lrow += bm * NUM_M
-    n_part = tl.load(NPART + lrow)
-    n_full = tl.load(NFULL + lrow)
-    f_lo = tl.load(FLO + lrow)
-    IDX += lrow * NUM_N
+    IDX, n_part, n_full, f_lo = _visit_list(IDX, NPART, NFULL, FLO, pid_m, bm, NUM_M, NUM_N, HAS_MASK)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for i in range(0, n_part):
         n = tl.load(IDX + i)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked
+from .triton_prep import _elem_masked, _visit_list
 
 
 @triton.jit
@@ -75,13 +75,7 @@ def _flashmask_fwd_kernel(
     LTE += vec_off
     UTS += vec_off
     UTE += vec_off
-    lrow = pid_m
-    if HAS_MASK:
-        lrow += bm * NUM_M
-    n_part = tl.load(NPART + lrow)
-    n_full = tl.load(NFULL + lrow)
-    f_lo = tl.load(FLO + lrow)
-    IDX += lrow * NUM_N
+    IDX, n_part, n_full, f_lo = _visit_list(IDX, NPART, NFULL, FLO, pid_m, bm, NUM_M, NUM_N, HAS_MASK)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

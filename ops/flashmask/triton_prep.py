@@ -149,6 +149,16 @@ class MaskVectors:
 
 
 @triton.jit
+def _visit_list(IDX, NPART, NFULL, FLO, row, bm, NUM_ROWS, NUM_INNER, HAS_MASK: tl.constexpr):
+    """Outer block ``row``'s entry of :meth:`MaskVectors.block_lists` (one table per (batch, mask head) ``bm``
+    with a mask, a single shared table without): ``(IDX row pointer, n_partial, n_full, full_lo)``."""
+    lrow = row
+    if HAS_MASK:
+        lrow += bm * NUM_ROWS
+    return IDX + lrow * NUM_INNER, tl.load(NPART + lrow), tl.load(NFULL + lrow), tl.load(FLO + lrow)
+
+
+@triton.jit
 def _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE,
                     HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
     """The 4 mask vectors at ``cols`` (any shape); absent ones come back as a dummy 0 (never read)."""

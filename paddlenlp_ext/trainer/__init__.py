@@ -3,7 +3,7 @@
 Public names (imported lazily, so a partial checkout still imports):
 
 - ``Trainer``, ``TrainerState`` (``trainer.py``): the loop; DPO/RM override ``compute_loss``/``count_loss_units``.
-- ``save_checkpoint``, ``load_checkpoint``, ``list_checkpoints`` (``checkpoint.py``).
+- ``save_checkpoint``, ``load_checkpoint``, ``list_checkpoints``, ``checkpoint_step`` (``checkpoint.py``).
 - ``build_optimizer``, ``build_lr_scheduler`` (``optimization.py``); ``sft_loss`` (``loss.py``);
   ``set_seed`` (``trainer_utils.py``).
 - ``PdArgumentParser`` (``argparser.py``); ``TrainingArguments``, ``SFTConfig``, ``ModelArgument``,
@@ -15,6 +15,7 @@ import importlib
 _EXPORTS = {
     "Trainer": "trainer", "TrainerState": "trainer",
     "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "list_checkpoints": "checkpoint",
+    "checkpoint_step": "checkpoint",
     "build_optimizer": "optimization", "build_lr_scheduler": "optimization",
     "sft_loss": "loss", "set_seed": "trainer_utils",
     "PdArgumentParser": "argparser",

@@ -53,12 +53,18 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step of a ``checkpoint-<step>`` directory path, or None when its name is not of that form."""
+    m = _CKPT_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Completed checkpoints ``output_dir/checkpoint-<step>`` sorted by step (``*.tmp`` dirs are ignored)."""
     out = Path(output_dir)
     if not out.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := _CKPT_RE.match(p.name))]
+    found = [(step, p) for p in out.iterdir() if p.is_dir() and (step := checkpoint_step(p)) is not None]
     return [p for _, p in sorted(found)]
 
 

@@ -91,6 +91,12 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
         trainer.tokenizer.save_pretrained(output_dir)
 
 
+def train_summary(result: dict) -> dict:
+    """The summary fields of ``Trainer.train``'s result (loss and tokens/s are None when nothing trained)."""
+    return dict(global_step=result["global_step"], train_loss=result["train_loss"],
+                train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+
+
 def finish(summary: dict, trainer, start: float) -> dict:
     """Add the wall time, print the ``[summary]`` JSON line (rank 0), tear down the process group."""
     summary["wall_time_s"] = round(time.perf_counter() - start, 1)

@@ -121,9 +121,10 @@ class Trainer:
         return loss_parallel_context(self.parallel_dims)
 
     def _loader(self, dataset, batch_size: int, *, shuffle: bool, epoch: int = 0, skip: int = 0,
-                drop_last: bool | None = None) -> DataLoader:
+                drop_last: bool | None = None, pad: bool = True) -> DataLoader:
         """DataLoader over this rank's slice; ``skip`` micro-batches of ``epoch`` already consumed.
-        ``drop_last`` defaults to ``args.dataloader_drop_last`` (evaluation passes False)."""
+        ``drop_last`` defaults to ``args.dataloader_drop_last`` (evaluation passes False); ``pad=False`` keeps a
+        map-style dataset's rank slices unpadded (see ``ResumableSampler``)."""
         workers = int(getattr(self.args, "dataloader_num_workers", 0) or 0)
         if drop_last is None:
             drop_last = bool(getattr(self.args, "dataloader_drop_last", False))
@@ -135,7 +136,8 @@ class Trainer:
             shard = ShardedIterable(dataset, batch_size, self.dp.size, self.dp.rank, epoch, skip * batch_size)
             return DataLoader(shard, batch_size=batch_size, collate_fn=self.data_collator, num_workers=workers)
         sampler = ResumableSampler(len(dataset), self.dp.size, self.dp.rank, shuffle=shuffle,
-                                   seed=int(self.args.seed), epoch=epoch, skip=skip * batch_size, drop_last=drop_last)
+                                   seed=int(self.args.seed), epoch=epoch, skip=skip * batch_size, drop_last=drop_last,
+                                   pad=pad)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.data_collator,
                           num_workers=workers, drop_last=drop_last)
 
@@ -390,18 +392,13 @@ class Trainer:
         sets keep ``ShardedIterable``'s rule (an incomplete last global batch is dropped when data ranks > 1).
         """
         bs = self.args.per_device_eval_batch_size
-        if self.dp.size == 1 or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-            for batch in self._loader(dataset, bs, shuffle=False, drop_last=False):
-                yield batch, True
-            return
-        n, world = len(dataset), self.dp.size
-        sampler = ResumableSampler(n, world, self.dp.rank, shuffle=False, pad=False)
-        loader = DataLoader(dataset, batch_size=bs, sampler=sampler, collate_fn=self.data_collator)
-        most = math.ceil(math.ceil(n / world) / bs)  # batches of the rank with the most items
         done, last = 0, None
-        for batch in loader:
+        for batch in self._loader(dataset, bs, shuffle=False, drop_last=False, pad=False):
             done, last = done + 1, batch
             yield batch, True
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            return
+        most = math.ceil(math.ceil(len(dataset) / self.dp.size) / bs)  # batches of the rank with the most items
         if done < most and last is None:  # fewer dev items than data ranks: borrow item 0 for the filler passes
             last = self.data_collator([dataset[0]])
         for _ in range(most - done):

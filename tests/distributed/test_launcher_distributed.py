@@ -27,32 +27,12 @@ pytestmark = pytest.mark.distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(ROOT, "llm", "run_finetune.py")
-QA = [("What is 2+2?", "4."), ("Name a colour.", "Blue."), ("Say hi.", "Hi!"), ("Capital of France?", "Paris."),
-      ("Opposite of hot?", "Cold."), ("Largest planet?", "Jupiter.")]
 RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM, resolve_model_name_or_path
-
-    root = tmp_path_factory.mktemp("launch")
-    src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer files only
-    vocab = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      max_position_embeddings=256)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(root / "model"))
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if os.path.exists(os.path.join(src, f)):
-            shutil.copy(os.path.join(src, f), root / "model")
-    (root / "data").mkdir()
-    with open(root / "data" / "train.json", "w") as f:
-        for i in range(24):
-            f.write(json.dumps({"src": QA[i % 6][0], "tgt": QA[i % 6][1]}) + "\n")
-    (root / "data" / "dev.json").write_text(json.dumps({"src": QA[0][0], "tgt": QA[0][1]}) + "\n")
-    return root
+def job(tmp_path_factory, make_tiny_sft_job):
+    return make_tiny_sft_job(tmp_path_factory.mktemp("launch"), n_train=24, n_dev=1)
 
 
 def _launch(job, name: str, nproc: int, **over) -> dict:

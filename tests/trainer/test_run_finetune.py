@@ -4,15 +4,12 @@ checkpoint, auto-resume, and a Hugging Face directory that ``transformers`` load
 import importlib.util
 import json
 import os
-import shutil
 import sys
 
 import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-QA = [("What is 2+2?", "4."), ("Name a colour.", "Blue."), ("Say hi.", "Hi!"), ("Capital of France?", "Paris."),
-      ("Opposite of hot?", "Cold."), ("Largest planet?", "Jupiter.")]
 
 
 def _launcher():
@@ -24,29 +21,8 @@ def _launcher():
 
 
 @pytest.fixture(scope="module")
-def tiny_job(tmp_path_factory):
-    from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM, resolve_model_name_or_path
-
-    root = tmp_path_factory.mktemp("rf")
-    src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer only
-    vocab = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      max_position_embeddings=256)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(root / "model"))
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if os.path.exists(os.path.join(src, f)):
-            shutil.copy(os.path.join(src, f), root / "model")
-    (root / "data").mkdir()
-    with open(root / "data" / "train.json", "w") as f:
-        for i in range(18):
-            q, a = QA[i % len(QA)]
-            f.write(json.dumps({"src": q, "tgt": a}) + "\n")
-    with open(root / "data" / "dev.json", "w") as f:
-        for q, a in QA[:3]:
-            f.write(json.dumps({"src": q, "tgt": a}) + "\n")
-    return root
+def tiny_job(tmp_path_factory, make_tiny_sft_job):
+    return make_tiny_sft_job(tmp_path_factory.mktemp("rf"), n_train=18, n_dev=3)
 
 
 def _argv(root, out, **over):
