@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked, _load_mask_cols, _masked_from_cols, _visit_list
+from .triton_prep import _elem_masked, _load, _load_mask_cols, _masked_from_cols, _store, _visit_list
 
 
 @triton.jit
@@ -28,14 +28,14 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                S_q, S_k, lts, lte, uts, ute, qk_scale,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr):
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
-    q = tl.load(Qh + offs_m[:, None] * sqs + offs_d[None, :], mask=q_mask, other=0.0)  # [BLOCK_M, BLOCK_D]
-    do = tl.load(DOh + offs_m[:, None] * sdos + offs_d[None, :], mask=q_mask, other=0.0)
-    lse2 = tl.load(LSEh + offs_m, mask=rmask, other=float("inf"))  # [BLOCK_M], log2 units
-    delta = tl.load(DELh + offs_m, mask=rmask, other=0.0)
+    q = _load(Qh + offs_m[:, None] * sqs + offs_d[None, :], q_mask, 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
+    do = _load(DOh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
+    lse2 = _load(LSEh + offs_m, rmask, float("inf"), EVEN)  # [BLOCK_M], log2 units
+    delta = _load(DELh + offs_m, rmask, 0.0, EVEN)
     sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
     pT = tl.math.exp2(sT - lse2[None, :])
     if MASKED:
@@ -61,6 +61,7 @@ def _flashmask_bwd_dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     n = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -72,14 +73,14 @@ def _flashmask_bwd_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
-    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = _load(K + b * skb + hk * skh + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
+    v = _load(V + b * svb + hk * svh + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     vec_off = bm * S_k
     # the key block is fixed for the whole program: its mask columns are loaded once, as [BLOCK_N, 1]
     lts, lte, uts, ute = _load_mask_cols(offs_n[:, None], S_k, LTS + vec_off, LTE + vec_off, UTS + vec_off,
-                                         UTE + vec_off, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+                                         UTE + vec_off, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
     IDX, n_part, n_full, f_lo = _visit_list(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
 
     for g in range(0, G):
@@ -93,38 +94,39 @@ def _flashmask_bwd_dkdv_kernel(
             m = tl.load(IDX + i)
             dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs,
                                 sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, True,
-                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
+                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN)
         if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
             for m in range(f_lo, f_lo + n_full):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                                     sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN)
         else:
             for i in range(n_part, n_part + n_full):
                 m = tl.load(IDX + i)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                                     sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC)
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN)
 
-    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
-             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvs + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+    _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
+           (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)
+    _store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvs + offs_d[None, :],
+           dv.to(DV.dtype.element_ty), kv_mask, EVEN)
 
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE, qk_scale,
              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-             HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr):
+             HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
+             EVEN: tl.constexpr):
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
-    k = tl.load(K + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
+    v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
         masked = _elem_masked(offs_m[:, None], offs_n[None, :], S_k, LTS, LTE, UTS, UTE,
-                              CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+                              CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
         p = tl.where(masked, 0.0, p)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     ds = p * (dp - delta[:, None])
@@ -139,7 +141,7 @@ def _flashmask_bwd_dq_kernel(
     S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -153,10 +155,10 @@ def _flashmask_bwd_dq_kernel(
     dmask = offs_d < D
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=q_mask, other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :], mask=q_mask, other=0.0)
-    lse2 = tl.load(LSE2 + bh * S_q + offs_m, mask=rmask, other=float("inf"))
-    delta = tl.load(DELTA + bh * S_q + offs_m, mask=rmask, other=0.0)
+    q = _load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :], q_mask, 0.0, EVEN)
+    do = _load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
+    lse2 = _load(LSE2 + bh * S_q + offs_m, rmask, float("inf"), EVEN)
+    delta = _load(DELTA + bh * S_q + offs_m, rmask, 0.0, EVEN)
     K += b * skb + hk * skh
     V += b * svb + hk * svh
     vec_off = bm * S_k
@@ -169,18 +171,18 @@ def _flashmask_bwd_dq_kernel(
     for i in range(0, n_part):
         n = tl.load(IDX + i)
         dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE,
-                      qk_scale, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+                      qk_scale, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
     if f_lo >= 0:
         for n in range(f_lo, f_lo + n_full):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
-                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
     else:
         for i in range(n_part, n_part + n_full):
             n = tl.load(IDX + i)
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
-                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+    _store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :],
+           (dq * sm_scale).to(DQ.dtype.element_ty), q_mask, EVEN)
 
 
 @triton.jit

@@ -132,6 +132,12 @@ def _flags(mv: MaskVectors, causal: bool, dtype: torch.dtype) -> dict:
                 DOT_PREC="ieee" if dtype == torch.float32 else "tf32")
 
 
+def _even(s_rows: int, s_cols: int, block_rows: int, block_cols: int, d: int, d_pad: int) -> bool:
+    """True when no tile crosses a sequence end and D needs no padding: the kernels then load and store
+    without bounds predicates (FlexAttention's ``IS_DIVISIBLE``)."""
+    return s_rows % block_rows == 0 and s_cols % block_cols == 0 and d == d_pad
+
+
 def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
@@ -147,7 +153,7 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN=_even(s_q, s_k, bm, bn, d, d_pad),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_flags(mv, causal, q.dtype),
     )
     return o, lse
@@ -190,7 +196,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         sdq[0], sdq[1], sdq[2],
         s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=_even(s_q, s_k, bm, bn, d, d_pad),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
     if atomic:
@@ -206,7 +212,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
         s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx2.shape[1], idx2.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2, EVEN=_even(s_q, s_k, bm2, bn2, d, d_pad),
         num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"], **flags,
     )
     return dq, dk, dv

@@ -15,22 +15,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked, _visit_list
+from .triton_prep import _elem_masked, _load, _store, _visit_list
 
 
 @triton.jit
 def _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE, qk_scale,
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-              HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr):
+              HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
+              EVEN: tl.constexpr):
     """One key block of the online softmax; ``MASKED`` tiles get the element mask (log2 units)."""
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
-    k = tl.load(K + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-    v = tl.load(V + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)  # [BLOCK_N, BLOCK_D]
+    v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
     if MASKED:
         masked = _elem_masked(offs_m[:, None], offs_n[None, :], S_k, LTS, LTE, UTS, UTE,
-                              CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+                              CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
         s = tl.where(masked, float("-inf"), s)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -51,7 +52,7 @@ def _flashmask_fwd_kernel(
     S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr,
 ):
     # heaviest (last, for causal) query blocks first: a cheap LPT order
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -66,8 +67,8 @@ def _flashmask_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     rmask = offs_m < S_q
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :],
-                mask=rmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q = _load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :],
+              rmask[:, None] & dmask[None, :], 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
     K += b * skb + hk * skh
     V += b * svb + hk * svh
     vec_off = bm * S_k
@@ -84,22 +85,22 @@ def _flashmask_fwd_kernel(
         n = tl.load(IDX + i)
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k,
                                   LTS, LTE, UTS, UTE, qk_scale, BLOCK_N, True,
-                                  CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+                                  CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
     if f_lo >= 0:  # unmasked blocks form one run: affine addresses, best pipelining
         for n in range(f_lo, f_lo + n_full):
             acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k,
                                       LTS, LTE, UTS, UTE, qk_scale, BLOCK_N, False,
-                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
     else:
         for i in range(n_part, n_part + n_full):
             n = tl.load(IDX + i)
             acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k,
                                       LTS, LTE, UTS, UTE, qk_scale, BLOCK_N, False,
-                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC)
+                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], out.to(O.dtype.element_ty),
-             mask=rmask[:, None] & dmask[None, :])
-    tl.store(LSE + bh * S_q + offs_m, lse, mask=rmask)
+    _store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], out.to(O.dtype.element_ty),
+           rmask[:, None] & dmask[None, :], EVEN)
+    _store(LSE + bh * S_q + offs_m, lse, rmask, EVEN)

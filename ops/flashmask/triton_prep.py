@@ -159,8 +159,29 @@ def _visit_list(IDX, NPART, NFULL, FLO, row, bm, NUM_ROWS, NUM_INNER, HAS_MASK: 
 
 
 @triton.jit
+def _load(ptrs, mask, other, EVEN: tl.constexpr):
+    """``tl.load`` with the bounds mask only when the tile may cross an edge; ``EVEN`` (the lengths are
+    multiples of the tile and D equals the padded head dim) drops the predicate from every load."""
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask, other=other)
+    return x
+
+
+@triton.jit
+def _store(ptrs, x, mask, EVEN: tl.constexpr):
+    """``tl.store`` counterpart of :func:`_load`."""
+    if EVEN:
+        tl.store(ptrs, x)
+    else:
+        tl.store(ptrs, x, mask=mask)
+
+
+@triton.jit
 def _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE,
-                    HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
+                    HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
+                    EVEN: tl.constexpr = False):
     """The 4 mask vectors at ``cols`` (any shape); absent ones come back as a dummy 0 (never read)."""
     lts = 0
     lte = 0
@@ -168,13 +189,13 @@ def _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE,
     ute = 0
     if HAS_MASK:
         cm = cols < S_k
-        lts = tl.load(LTS + cols, mask=cm, other=0)
+        lts = _load(LTS + cols, cm, 0, EVEN)
         if HAS_LTE:
-            lte = tl.load(LTE + cols, mask=cm, other=0)
+            lte = _load(LTE + cols, cm, 0, EVEN)
         if HAS_UT:
-            ute = tl.load(UTE + cols, mask=cm, other=0)
+            ute = _load(UTE + cols, cm, 0, EVEN)
             if HAS_UTS:
-                uts = tl.load(UTS + cols, mask=cm, other=0)
+                uts = _load(UTS + cols, cm, 0, EVEN)
     return lts, lte, uts, ute
 
 
@@ -202,10 +223,10 @@ def _masked_from_cols(rows, cols, S_k, lts, lte, uts, ute,
 @triton.jit
 def _elem_masked(rows, cols, S_k, LTS, LTE, UTS, UTE,
                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-                 HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
+                 HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, EVEN: tl.constexpr = False):
     """Element mask of a tile; ``rows`` and ``cols`` broadcast against each other ([M,1]x[1,N] or transposed).
 
     Vector pointers are already offset to the (batch, mask head) row. Columns past S_k count as masked.
     """
-    lts, lte, uts, ute = _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+    lts, lte, uts, ute = _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
     return _masked_from_cols(rows, cols, S_k, lts, lte, uts, ute, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
