@@ -14,10 +14,14 @@ batches are formed, how attention is computed and which fused ops / loss run:
 | ``hf_padded`` | ``--batch_size`` examples, padded | ``transformers.LlamaForCausalLM``, ``attn_implementation="sdpa"`` |
 | ``dpo_shared`` / ``dpo_separate`` | preference packs (``e2e_dpo.py``) | FlashMask; share-question vs separate sequences |
 
-Levers per setup, as ``setup:key=value`` (e.g. ``ours:loss=full:fused=off``; defaults ``--loss``, ``--fused``):
+Levers per setup, as ``setup:key=value`` (e.g. ``ours:loss=full:fused=off``; defaults ``--loss``, ``--fused``,
+``--amp``):
 ``loss``: ``fused`` = the trainer's ``sft_loss`` (fused linear cross entropy over supervised rows, the default),
 ``fused_allrows`` (fused, every row, no host sync), ``full`` (``[T, V]`` fp32 logits, the old path), ``chunked``
-(checkpointed 4096-row chunks); ``fused``: ``on`` = ``use_fused_rms_norm/rope/swiglu`` (torch.compile'd on CUDA).
+(checkpointed 4096-row chunks); ``fused``: ``on`` = ``use_fused_rms_norm/rope/swiglu`` (torch.compile'd on CUDA);
+``amp``: ``o1`` = bf16 ``torch.autocast`` over fp32 weights (default), ``o2`` = PaddleNLP's ``fp16_opt_level: O2`` as
+the trainer runs it: forward/backward inside ``MasterWeights(model).compute()`` (bf16 compute weights refreshed
+after each optimizer step, fp32 master weights, gradients and AdamW states), autocast kept.
 Aliases: ``ours_nofuse`` = ``ours:loss=full:fused=off`` (the pre-fusion baseline), ``ours_noew`` =
 ``ours:fused=off``, ``ours_fullce`` = ``ours:loss=full``.
 
@@ -47,6 +51,7 @@ Usage: ``python benchmarks/e2e_train.py --setups ours,ours_nofuse,flex,naive_pac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -70,6 +75,7 @@ from e2e_models import LLAMA_1B, TINY  # noqa: E402,F401  (re-exported for calle
 from paddlenlp_ext.datasets import ZeroPaddingMapDataset, collate_packs  # noqa: E402
 from paddlenlp_ext.ops import fused_linear_cross_entropy  # noqa: E402
 from paddlenlp_ext.trainer.loss import IGNORE_INDEX, count_real_tokens, sft_loss  # noqa: E402
+from paddlenlp_ext.trainer.mixed_precision import MasterWeights  # noqa: E402
 
 PEAK_BF16_FLOPS = 989e12  # H200 / H100 SXM dense bf16 peak
 MEDIAN, MEAN = 661.0, 1074.0  # chat-example length distribution (tokens)
@@ -79,6 +85,7 @@ PACKED = ("ours", "sdpa_dense", "flex", "naive_packed")
 DPO = ("dpo_shared", "dpo_separate")
 ALIASES = {"ours_nofuse": "ours:loss=full:fused=off", "ours_noew": "ours:fused=off", "ours_fullce": "ours:loss=full"}
 LOSSES = ("fused", "fused_allrows", "full", "chunked")
+AMPS = ("o1", "o2")
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -218,8 +225,8 @@ BACKENDS = {"sdpa_dense": sdpa_dense_attention, "naive_packed": naive_causal_att
 
 
 # ----------------------------------------------------------------------------------------------- setups and loss
-def parse_setup(spec: str, loss: str, fused: str) -> dict:
-    """``"ours:loss=full:fused=off"`` -> ``{"label", "base", "loss", "fused"}`` (defaults from the CLI).
+def parse_setup(spec: str, loss: str, fused: str, amp: str = "o1") -> dict:
+    """``"ours:loss=full:fused=off:amp=o2"`` -> ``{"label", "base", "loss", "fused", "amp"}`` (defaults from the CLI).
 
     Raises:
         ValueError: unknown setup, key or value (the message lists the valid ones).
@@ -229,16 +236,21 @@ def parse_setup(spec: str, loss: str, fused: str) -> dict:
     base, *opts = spec.split(":")
     if base not in ALL_SETUPS:
         raise ValueError(f"--setups: unknown {base!r}; choose from {list(ALL_SETUPS)} or {list(ALIASES)} "
-                         f"(options as setup:loss=...:fused=...)")
-    out = {"label": label, "base": base, "loss": loss, "fused": fused}
+                         f"(options as setup:loss=...:fused=...:amp=...)")
+    if amp not in AMPS:
+        raise ValueError(f"--amp: unknown {amp!r}; use {'|'.join(AMPS)}")
+    out = {"label": label, "base": base, "loss": loss, "fused": fused, "amp": amp}
     for o in opts:
         key, _, val = o.partition("=")
         if key == "loss" and val in LOSSES:
             out["loss"] = val
         elif key == "fused" and val in ("on", "off"):
             out["fused"] = val
+        elif key == "amp" and val in AMPS:
+            out["amp"] = val
         else:
-            raise ValueError(f"--setups {label!r}: bad option {o!r}; use loss={'|'.join(LOSSES)} or fused=on|off")
+            raise ValueError(f"--setups {label!r}: bad option {o!r}; use loss={'|'.join(LOSSES)}, fused=on|off "
+                             f"or amp={'|'.join(AMPS)}")
     return out
 
 
@@ -307,14 +319,17 @@ def prepare(sp: dict, args, info: dict, packs, device, recompute: bool, n_groups
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
     amp = torch.autocast(device.type, dtype=torch.bfloat16)
+    # O2: the trainer's MasterWeights; its optimizer hook marks the bf16 copies stale after every opt.step()
+    master = MasterWeights(model, torch.bfloat16, opt) if sp.get("amp", "o1") == "o2" else None
 
     def step(b):
-        with amp:
-            if base in DPO:
-                ls, n = e2e_dpo.dpo_loss(model, b)
-            else:
-                ls, n = loss_sum(base, model, b, sp["loss"]), (b["labels"] != IGNORE_INDEX).sum()
-        (ls / n).backward()
+        with (master.compute() if master is not None else contextlib.nullcontext()):
+            with amp:
+                if base in DPO:
+                    ls, n = e2e_dpo.dpo_loss(model, b)
+                else:
+                    ls, n = loss_sum(base, model, b, sp["loss"]), (b["labels"] != IGNORE_INDEX).sum()
+            (ls / n).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return ls.detach() / n
@@ -327,7 +342,7 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
 
     ``sp``: a setup name or :func:`parse_setup` dict."""
     if isinstance(sp, str):
-        sp = parse_setup(sp, args.loss, args.fused)
+        sp = parse_setup(sp, args.loss, args.fused, getattr(args, "amp", "o1"))
     _free(device)
     attn = BACKENDS.get(sp["base"])
     try:
@@ -357,6 +372,7 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
         res = dict(status="ok", tokens_per_s=tokens / secs, mfu=flops / secs / PEAK_BF16_FLOPS, seconds=secs,
                    timed_tokens=tokens, timed_batches=n_batches, params=n_mm, params_trained=n_train,
                    attn_pairs=pairs, model_tflops=flops / secs / 1e12, loss=sp["loss"], fused=sp["fused"],
+                   amp=sp.get("amp", "o1"),
                    final_loss=float(last) if last is not None else None, warmup_seconds=t0 - t_first)
         if sp["base"] in DPO:
             res.update(pref_pairs=n_pref, pairs_per_s=n_pref / secs)
@@ -388,10 +404,10 @@ def guarded(setup, fn, device) -> dict:
 
 
 def profile_ours(args, info, packs, device) -> dict:
-    """``--profile``: one warm-up step then 2 profiled steps of ``ours`` (CLI ``--loss``/``--fused``)."""
+    """``--profile``: one warm-up step then 2 profiled steps of ``ours`` (CLI ``--loss``/``--fused``/``--amp``)."""
     from e2e_profile import format_profile, profile_steps
 
-    sp = parse_setup("ours", args.loss, args.fused)
+    sp = parse_setup("ours", args.loss, args.fused, args.amp)
     _free(device)
     batches, model, step = prepare(sp, args, info, packs, device, args.recompute, 3)
     flat = [b for g in batches for b in g]
@@ -407,22 +423,24 @@ def profile_ours(args, info, packs, device) -> dict:
 # ----------------------------------------------------------------------------------------------- report
 def fmt_table(results: dict, ref: str = "hf_padded", ours: str = "ours") -> str:
     """Markdown table: tokens/s, MFU, peak GiB, ratios to ``ref`` and ``ours`` rows, pairs/s of DPO rows."""
-    rows = ["| setup | loss | fused ops | tokens/s (effective) | MFU | peak GiB | x hf_padded | x ours | pairs/s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| setup | loss | fused ops | amp | tokens/s (effective) | MFU | peak GiB | x hf_padded | x ours | "
+            "pairs/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     base = results.get(ref, {}).get("tokens_per_s")
-    mine = results.get(ours, {}).get("tokens_per_s")
+    # "x ours": the plain "ours" row, else the first "ours:..." row (e.g. ours:amp=o1)
+    mine = (results.get(ours) or next((r for k, r in results.items() if k.split(":")[0] == ours), {})).get(
+        "tokens_per_s")
     for name, r in results.items():
         peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
         if r.get("status") != "ok":
-            rows.append(f"| {name} | - | - | {r['status']} | - | {peak} | - | - | - |")
+            rows.append(f"| {name} | - | - | - | {r['status']} | - | {peak} | - | - | - |")
             continue
         tps = r["tokens_per_s"]
         xb = f"{tps / base:.2f}" if base else "-"
         xo = f"{tps / mine:.2f}" if mine else "-"
         pps = f"{r['pairs_per_s']:,.1f}" if "pairs_per_s" in r else "-"
         loss = "trl logps" if name.split(":")[0] in DPO else r.get("loss", "-")
-        rows.append(f"| {name} | {loss} | {r.get('fused', '-')} | {tps:,.0f} | {100 * r['mfu']:.1f}% | {peak} | "
-                    f"{xb} | {xo} | {pps} |")
+        rows.append(f"| {name} | {loss} | {r.get('fused', '-')} | {r.get('amp', '-')} | {tps:,.0f} | "
+                    f"{100 * r['mfu']:.1f}% | {peak} | {xb} | {xo} | {pps} |")
     return "\n".join(rows)
 
 
@@ -443,7 +461,7 @@ def longest_context(args, info, device, scale, t_start) -> dict:
                 break
             packs = build_packs(info["vocab"], seq, 1, args.seed + seq, scale)
             sub = argparse.Namespace(**{**vars(args), "pack_len": seq})
-            sp = parse_setup(setup, loss, args.fused)
+            sp = parse_setup(setup, loss, args.fused, args.amp)
             t = time.perf_counter()
             r = guarded(f"longest {setup} {seq}", lambda: run_setup(sp, sub, info, packs, device, True, 0, 1), device)
             prev = time.perf_counter() - t
@@ -464,6 +482,9 @@ def main(argv=None) -> dict:
                     help="untimed steps first; they must cover Triton and torch.compile (re)compiles for new shapes")
     ap.add_argument("--loss", choices=LOSSES, default="fused", help="default loss of every setup")
     ap.add_argument("--fused", choices=("on", "off"), default="on", help="use_fused_rms_norm/rope/swiglu default")
+    ap.add_argument("--amp", choices=AMPS, default="o1",
+                    help="default precision of every setup: o1 = bf16 autocast, o2 = MasterWeights (bf16 weights, "
+                         "fp32 master weights and grads) + autocast")
     ap.add_argument("--recompute", action="store_true", help="activation checkpointing in the table runs")
     ap.add_argument("--profile", action="store_true", help="profile 2 steps of ours: top 25 CUDA kernels")
     ap.add_argument("--longest", action="store_true", help="also find the longest trainable packed sequence")
@@ -473,7 +494,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
-    specs = [parse_setup(s.strip(), args.loss, args.fused) for s in args.setups.split(",") if s.strip()]
+    specs = [parse_setup(s.strip(), args.loss, args.fused, args.amp) for s in args.setups.split(",") if s.strip()]
     args.longest_lens = [int(x) for x in args.longest_lens.split(",")]
     t_start = time.perf_counter()
     info = e2e_models.model_config(args.model, args.tiny)
@@ -485,7 +506,8 @@ def main(argv=None) -> dict:
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), argv=sys.argv if argv is None else argv,
                 python=platform.python_version(), torch=torch.__version__,
                 device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", model=args.model,
-                config=info, loss=args.loss, fused=args.fused, pack_len=args.pack_len, timed_packs=len(timed),
+                config=info, loss=args.loss, fused=args.fused, amp=args.amp, pack_len=args.pack_len,
+                timed_packs=len(timed),
                 timed_examples=sum(len(p["seq_lens"]) for p in timed), timed_tokens=n_tok,
                 pack_fill=n_tok / (len(timed) * args.pack_len), lognormal=dict(median=MEDIAN, mean=MEAN, sigma=SIGMA))
     for mod in ("triton", "transformers"):

@@ -104,13 +104,16 @@ class TrainingArguments:
                                                        help="Decay steps of PaddleNLP's polynomial schedule."))
 
     # precision
-    bf16: bool = field(default=False, metadata=_help("Train in bfloat16 autocast / weights."))
-    fp16: bool = field(default=False, metadata=_help("Train in float16."))
-    fp16_opt_level: str = field(default="O1", metadata=inert(
-        "bf16/fp16 select the dtype; O1/O2 AMP levels are not distinguished",
-        help="Paddle AMP level: O1 (autocast) or O2 (half weights, fp32 master weights)."))
-    amp_master_grad: bool = field(default=False, metadata=inert("no separate fp32 master gradients",
-                                                                help="Keep fp32 master gradients."))
+    bf16: bool = field(default=False, metadata=_help(
+        "Train in bfloat16 on CUDA (fp16_opt_level picks O1 autocast or O2 bf16 weights; CPU runs fp32)."))
+    fp16: bool = field(default=False, metadata=_help("Train in float16 (computed in bf16 here: no loss scaling)."))
+    fp16_opt_level: str = field(default="O1", metadata=_help(
+        "Paddle AMP level with bf16/fp16 on CUDA: O1 = torch.autocast over fp32 parameters; O2 = bf16 compute "
+        "weights with fp32 master weights and fp32 gradient accumulation (trainer/mixed_precision.py "
+        "MasterWeights, autocast kept; under FSDP, bf16 is always FSDP2's MixedPrecisionPolicy)."))
+    amp_master_grad: bool = field(default=False, metadata=inert(
+        "gradients are always fp32 master gradients here (O1: fp32 parameters; O2: fp32 accumulation buffers; "
+        "FSDP: fp32 reduce)", help="Keep fp32 master gradients (always the case here; no separate effect)."))
 
     # parallelism (degree -1 = derived from the world size)
     tensor_parallel_degree: int = field(default=-1, metadata=_help("Tensor-parallel degree; -1/1 = off."))

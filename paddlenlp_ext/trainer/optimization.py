@@ -20,7 +20,9 @@ def build_optimizer(model: torch.nn.Module, args) -> torch.optim.AdamW:
 
     Parameters with fewer than 2 dims, or whose name contains "bias" or "norm", get ``weight_decay=0``
     (PaddleNLP: ``decay_parameters`` excludes "bias" and "norm"). States are kept in the parameters' dtype;
-    the trainer keeps parameters in fp32 (bf16 is applied by autocast), so the states are fp32.
+    the trainer keeps parameters in fp32 outside forward/backward (bf16 is applied by autocast, or by
+    ``MasterWeights`` under O2), so the states are fp32. ``fused=True`` (one multi-tensor kernel) when every
+    trainable parameter is a CUDA plain tensor; otherwise torch's default (``foreach`` on CUDA, DTensors, CPU).
 
     Args read: ``learning_rate``, ``weight_decay``, ``adam_beta1``, ``adam_beta2``, ``adam_epsilon``.
     Raises ValueError if the model has no trainable parameter.
@@ -37,9 +39,15 @@ def build_optimizer(model: torch.nn.Module, args) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": float(args.weight_decay)},
               {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
+    fused = all(_plain_cuda(p) for p in decay + no_decay)
     return torch.optim.AdamW(groups, lr=float(args.learning_rate),
                              betas=(float(args.adam_beta1), float(args.adam_beta2)),
-                             eps=float(args.adam_epsilon))
+                             eps=float(args.adam_epsilon), fused=True if fused else None)
+
+
+def _plain_cuda(p: torch.Tensor) -> bool:
+    """A CUDA floating-point tensor that is not a DTensor / other subclass (fused AdamW takes only those)."""
+    return type(p.data) is torch.Tensor and p.is_cuda and p.is_floating_point()
 
 
 def num_warmup_steps(args, max_steps: int) -> int:

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import checkpoint as ckpt
 from .logging_utils import MetricsLogger
 from .loss import count_label_tokens, count_real_tokens, sft_loss
+from .mixed_precision import MasterWeights, precision_mode
 from .optimization import build_lr_scheduler, build_optimizer
 from .trainer_utils import DataParallelView, ResumableSampler, ShardedIterable
 
@@ -59,7 +60,8 @@ class Trainer:
 
     Args:
         model: ``nn.Module`` (already parallelised by ``paddlenlp_ext.distributed.parallelize_model`` when
-            distributed). Parameters should be fp32: bf16 runs through autocast on CUDA.
+            distributed). Parameters should be fp32: bf16 on CUDA runs through autocast (``fp16_opt_level``
+            O1), plus bf16 compute weights with fp32 master weights and gradients (O2, ``mixed_precision.py``).
         args: ``TrainingArguments``-like object (PaddleNLP names: output_dir, per_device_train_batch_size,
             gradient_accumulation_steps, learning_rate, max_steps, num_train_epochs, logging_steps, ...).
         train_dataset / eval_dataset: map-style datasets of packs (``ZeroPaddingMapDataset``) or iterables
@@ -77,6 +79,7 @@ class Trainer:
         self.parallel_dims = parallel_dims
         self.dp = DataParallelView.from_parallel_dims(parallel_dims)
         self.device = self._pick_device()
+        self.master_weights: MasterWeights | None = None  # built at the first forward_backward under O2
         self.amp_dtype = self._pick_precision()
         self.state = TrainerState()
         self.optimizer = self.lr_scheduler = None
@@ -98,15 +101,28 @@ class Trainer:
         return torch.device("cpu")
 
     def _pick_precision(self) -> torch.dtype | None:
-        bf16, fp16 = bool(getattr(self.args, "bf16", False)), bool(getattr(self.args, "fp16", False))
-        if self.device.type == "cuda" and (bf16 or fp16):
-            if fp16:
-                logger.warning("fp16 is not supported (no loss scaling here); computing in bf16 instead")
-            logger.info("precision: bf16 autocast on %s, fp32 parameters and AdamW states", self.device)
-            return torch.bfloat16
-        logger.info("precision: fp32 on %s%s", self.device,
-                    " (bf16 requested but only used on CUDA)" if bf16 or fp16 else "")
-        return None
+        """Set ``self.precision`` (``mixed_precision.precision_mode``) and log it; returns the autocast dtype."""
+        if bool(getattr(self.args, "fp16", False)) and self.device.type == "cuda":
+            logger.warning("fp16 is not supported (no loss scaling here); computing in bf16 instead")
+        self.precision, reason = precision_mode(self.args, self.device, self.model)
+        if reason and self.precision != "fp32":
+            logger.warning("%s", reason)
+        lines = {"fp32": "fp32 on %s" + (f" ({reason})" if reason else ""),
+                 "o1": "O1: bf16 autocast on %s, fp32 parameters, gradients and AdamW states",
+                 "o2": "O2: bf16 compute weights with fp32 master weights, fp32 gradient accumulation and AdamW "
+                       "states (MasterWeights), bf16 autocast on %s",
+                 "o2_fsdp": "O2 under FSDP: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) with fp32 "
+                            "sharded master weights, bf16 autocast on %s"}
+        logger.info("precision: " + lines[self.precision], self.device)
+        return None if self.precision == "fp32" else torch.bfloat16
+
+    def _compute_context(self):
+        """Around a forward AND its backward: ``MasterWeights.compute()`` under O2, else nothing."""
+        if self.precision != "o2":
+            return contextlib.nullcontext()
+        if self.master_weights is None:  # after parallelisation and any resume; the optimizer hook marks steps
+            self.master_weights = MasterWeights(self.model, torch.bfloat16, self.optimizer)
+        return self.master_weights.compute()
 
     def _autocast(self):
         if self.amp_dtype is None:
@@ -214,18 +230,19 @@ class Trainer:
         tokens = torch.stack([torch.as_tensor(count_real_tokens(b)) for b in micro_batches]).sum()
         metric_sums: dict[str, torch.Tensor] = {}
         sync = getattr(self.model, "set_requires_gradient_sync", None)
-        for i, batch in enumerate(micro_batches):
-            if sync is not None and len(micro_batches) > 1:
-                sync(i == len(micro_batches) - 1)  # FSDP: reduce gradients once, on the last micro-batch
-            batch = self._to_device(batch)
-            with self._loss_context():
-                with self._autocast():
-                    mb_loss, _, metrics = self.compute_loss(self.model, batch)
-                mb_loss = _local(mb_loss)  # replicated DTensor under loss_parallel -> plain tensor
-                (mb_loss * inv_total).backward()
-            loss_sum += mb_loss.detach().float()
-            for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v).detach().float()
+        with self._compute_context():  # O2: bf16 weights in, fp32 accumulated gradients out
+            for i, batch in enumerate(micro_batches):
+                if sync is not None and len(micro_batches) > 1:
+                    sync(i == len(micro_batches) - 1)  # FSDP: reduce gradients once, on the last micro-batch
+                batch = self._to_device(batch)
+                with self._loss_context():
+                    with self._autocast():
+                        mb_loss, _, metrics = self.compute_loss(self.model, batch)
+                    mb_loss = _local(mb_loss)  # replicated DTensor under loss_parallel -> plain tensor
+                    (mb_loss * inv_total).backward()
+                loss_sum += mb_loss.detach().float()
+                for k, v in metrics.items():
+                    metric_sums[k] = metric_sums.get(k, 0.0) + torch.as_tensor(v).detach().float()
         return {"loss_sum": loss_sum, "count": total, "tokens": tokens, "metrics": metric_sums}
 
     def optimizer_step(self) -> torch.Tensor | None:
@@ -235,6 +252,8 @@ class Trainer:
             params = [p for p in self.model.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
         self.optimizer.step()
+        if self.master_weights is not None:
+            self.master_weights.mark_dirty()  # also done by its optimizer hook, unless the optimizer was swapped
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
@@ -416,6 +435,8 @@ class Trainer:
 
     def _load_checkpoint(self, path) -> None:
         trainer_state, data_state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
+        if self.master_weights is not None:
+            self.master_weights.mark_dirty()
         self.state = TrainerState(**{k: v for k, v in trainer_state.items() if k in TrainerState.__dataclass_fields__})
         if data_state is not None:
             self.state.epoch = int(data_state["epoch"])
