@@ -25,15 +25,19 @@ from .triton_prep import _elem_masked, _load, _load_mask_cols, _masked_from_cols
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
-               S_q, S_k, lts, lte, uts, ute, qk_scale,
+               S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr):
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
-    q = _load(Qh + offs_m[:, None] * sqs + offs_d[None, :], q_mask, 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
-    do = _load(DOh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
+    if TMA:  # Qh / DOh are 2-D descriptors over [B*S_q, H_q*D]
+        q = Qh.load([q_row + m * BLOCK_M, q_col])  # [BLOCK_M, BLOCK_D]
+        do = DOh.load([q_row + m * BLOCK_M, q_col])
+    else:
+        q = _load(Qh + offs_m[:, None] * sqs + offs_d[None, :], q_mask, 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
+        do = _load(DOh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
     lse2 = _load(LSEh + offs_m, rmask, float("inf"), EVEN)  # [BLOCK_M], log2 units
     delta = _load(DELh + offs_m, rmask, 0.0, EVEN)
     sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
@@ -61,7 +65,7 @@ def _flashmask_bwd_dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
-    EVEN: tl.constexpr,
+    EVEN: tl.constexpr, TMA: tl.constexpr,
 ):
     n = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -85,27 +89,33 @@ def _flashmask_bwd_dkdv_kernel(
 
     for g in range(0, G):
         h = hk * G + g
-        Qh = Q + b * sqb + h * sqh
-        DOh = DO + b * sdob + h * sdoh
+        if TMA:
+            Qh = Q
+            DOh = DO
+        else:
+            Qh = Q + b * sqb + h * sqh
+            DOh = DO + b * sdob + h * sdoh
         LSEh = LSE2 + (b * H_q + h) * S_q
         DELh = DELTA + (b * H_q + h) * S_q
         DQh = DQA + b * sdqb + h * sdqh
         for i in range(0, n_part):
             m = tl.load(IDX + i)
             dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs,
-                                sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, True,
-                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN)
+                                sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D, BLOCK_M, True,
+                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA)
         if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
             for m in range(f_lo, f_lo + n_full):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
-                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN)
+                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D,
+                                    BLOCK_M, False,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA)
         else:
             for i in range(n_part, n_part + n_full):
                 m = tl.load(IDX + i)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
-                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN)
+                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D,
+                                    BLOCK_M, False,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA)
 
     _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)
@@ -115,13 +125,17 @@ def _flashmask_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE, qk_scale,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+             kv_row, kv_col, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
              HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
-             EVEN: tl.constexpr):
+             EVEN: tl.constexpr, TMA: tl.constexpr):
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
-    k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
-    v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
+    if TMA:  # K / V are 2-D descriptors over [B*S_k, H_k*D]
+        k = K.load([kv_row + n * BLOCK_N, kv_col])
+        v = V.load([kv_row + n * BLOCK_N, kv_col])
+    else:
+        kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
+        k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
+        v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
@@ -141,7 +155,7 @@ def _flashmask_bwd_dq_kernel(
     S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr,
+    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -159,8 +173,11 @@ def _flashmask_bwd_dq_kernel(
     do = _load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
     lse2 = _load(LSE2 + bh * S_q + offs_m, rmask, float("inf"), EVEN)
     delta = _load(DELTA + bh * S_q + offs_m, rmask, 0.0, EVEN)
-    K += b * skb + hk * skh
-    V += b * svb + hk * svh
+    kv_row = b * S_k
+    kv_col = hk * D
+    if not TMA:
+        K += b * skb + hk * skh
+        V += b * svb + hk * svh
     vec_off = bm * S_k
     LTS += vec_off
     LTE += vec_off
@@ -171,16 +188,19 @@ def _flashmask_bwd_dq_kernel(
     for i in range(0, n_part):
         n = tl.load(IDX + i)
         dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE,
-                      qk_scale, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+                      qk_scale, kv_row, kv_col, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC,
+                      EVEN, TMA)
     if f_lo >= 0:
         for n in range(f_lo, f_lo + n_full):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
-                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+                          UTE, qk_scale, kv_row, kv_col, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
+                          HAS_UTS, DOT_PREC, EVEN, TMA)
     else:
         for i in range(n_part, n_part + n_full):
             n = tl.load(IDX + i)
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
-                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+                          UTE, qk_scale, kv_row, kv_col, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
+                          HAS_UTS, DOT_PREC, EVEN, TMA)
     _store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :],
            (dq * sm_scale).to(DQ.dtype.element_ty), q_mask, EVEN)
 

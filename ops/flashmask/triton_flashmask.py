@@ -138,6 +138,39 @@ def _even(s_rows: int, s_cols: int, block_rows: int, block_cols: int, d: int, d_
     return s_rows % block_rows == 0 and s_cols % block_cols == 0 and d == d_pad
 
 
+def _tma_enabled(t: torch.Tensor) -> bool:
+    """TMA (tensor-descriptor) loads: ``FLASHMASK_TMA=1`` on a Hopper-or-newer GPU (or the CPU interpreter,
+    for the tests); off by default until measured faster (docs/kernel_notes.md)."""
+    if os.environ.get("FLASHMASK_TMA", "0") != "1":
+        return False
+    return _interpreting() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
+
+
+def _tma_2d(t: torch.Tensor, block_rows: int):
+    """A 2-D tensor descriptor over ``t`` ``[B, S, H, D]`` seen as ``[B*S, H*D]`` with ``[block_rows, D]`` boxes,
+    or None when the layout does not allow it (rows of one stride, heads adjacent, 16-byte aligned). Only used
+    when the launch is EVEN, so a box never crosses into the next batch or head."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b, s, h, d = t.shape
+    row = t.stride(1)
+    if t.stride(3) != 1 or t.stride(2) != d or (b > 1 and t.stride(0) != s * row):
+        return None
+    if (row * t.element_size()) % 16 or t.data_ptr() % 16 or (d * t.element_size()) % 16:
+        return None
+    return TensorDescriptor(t, [b * s, h * d], [row, 1], [block_rows, d])
+
+
+def _operands(even: bool, *tensor_rows):
+    """``(operands, tma)``: TMA descriptors for every ``(tensor, box_rows)`` when the launch is EVEN, TMA is
+    enabled and every layout allows it; else the tensors themselves (pointer loads)."""
+    if even and _tma_enabled(tensor_rows[0][0]):
+        descs = [_tma_2d(t, rows) for t, rows in tensor_rows]
+        if all(x is not None for x in descs):
+            return descs, True
+    return [t for t, _ in tensor_rows], False
+
+
 def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
@@ -148,12 +181,14 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     grid = (idx.shape[1], b * h_q)
+    even = _even(s_q, s_k, bm, bn, d, d_pad)
+    (q_, k_, v_), tma = _operands(even, (q, bm), (k, bn), (v, bn))
     _launch(_flashmask_fwd_kernel, grid,
-        q, k, v, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
+        q_, k_, v_, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN=_even(s_q, s_k, bm, bn, d, d_pad),
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN=even, TMA=tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_flags(mv, causal, q.dtype),
     )
     return o, lse
@@ -189,14 +224,17 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         dqa = lse  # unused
         sdq = (0, 0, 0)
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
+    even = _even(s_q, s_k, bm, bn, d, d_pad)
+    (q_, do_), tma = _operands(even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
     _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
-        q, k, v, do, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
+        q_, k, v, do_, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
+        full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         sdq[0], sdq[1], sdq[2],
         s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=_even(s_q, s_k, bm, bn, d, d_pad),
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=even, TMA=tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
     if atomic:
@@ -206,13 +244,16 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     dq = torch.empty_like(q)
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
     idx2, n_part2, n_full2, full_lo2 = _lists(mv, bm2, bn2, by_key=False)
+    even = _even(s_q, s_k, bm2, bn2, d, d_pad)
+    (k_, v_), tma = _operands(even, (k, bn2), (v, bn2))  # dQ streams K and V tiles
     _launch(_flashmask_bwd_dq_kernel, (idx2.shape[1], b * h_q),
-        q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2, full_lo2,
+        q, k_, v_, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2,
+        full_lo2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
         s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx2.shape[1], idx2.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2, EVEN=_even(s_q, s_k, bm2, bn2, d, d_pad),
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2, EVEN=even, TMA=tma,
         num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"], **flags,
     )
     return dq, dk, dv

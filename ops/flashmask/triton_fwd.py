@@ -5,8 +5,8 @@ One program per (query block, batch * query head). The key blocks to visit come 
 first the partially masked ones (element mask from the 4 column vectors, loaded once per tile), then the
 unmasked ones (no mask math). Fully masked blocks are not listed, so their K/V are never loaded. Two
 branch-free loops keep Triton's software pipelining intact; when the unmasked blocks form one contiguous run
-(``FLO >= 0``, nearly every row of the common masks) the second loop walks that range directly instead of the list. Source: FlashMask v1
-``compute_attn_1rowblock_flashmask`` (PaddlePaddle/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``)
+(``FLO >= 0``, nearly every row of the common masks) the second loop walks that range directly instead of
+the list. Source: FlashMask v1 ``compute_attn_1rowblock_flashmask`` (PaddlePaddle/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``)
 and V3's per-m-block block list (flashmask.md §2.3-2.4).
 """
 
@@ -20,14 +20,20 @@ from .triton_prep import _elem_masked, _load, _store, _visit_list
 
 @triton.jit
 def _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE, qk_scale,
-              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-              HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
-              EVEN: tl.constexpr):
-    """One key block of the online softmax; ``MASKED`` tiles get the element mask (log2 units)."""
+              kv_row, kv_col, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
+              DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr):
+    """One key block of the online softmax; ``MASKED`` tiles get the element mask (log2 units). With ``TMA``,
+    K and V are 2-D tensor descriptors over ``[B*S_k, H_k*D]`` and the block sits at ``(kv_row + n*BLOCK_N,
+    kv_col)``."""
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
-    k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)  # [BLOCK_N, BLOCK_D]
-    v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
+    if TMA:
+        k = K.load([kv_row + n * BLOCK_N, kv_col])  # [BLOCK_N, BLOCK_D]
+        v = V.load([kv_row + n * BLOCK_N, kv_col])
+    else:
+        kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
+        k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)  # [BLOCK_N, BLOCK_D]
+        v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
     if MASKED:
         masked = _elem_masked(offs_m[:, None], offs_n[None, :], S_k, LTS, LTE, UTS, UTE,
@@ -52,7 +58,7 @@ def _flashmask_fwd_kernel(
     S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr,
+    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
 ):
     # heaviest (last, for causal) query blocks first: a cheap LPT order
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -67,10 +73,15 @@ def _flashmask_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     rmask = offs_m < S_q
-    q = _load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :],
-              rmask[:, None] & dmask[None, :], 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
-    K += b * skb + hk * skh
-    V += b * svb + hk * svh
+    kv_row = b * S_k  # TMA block coordinates in the [B*S, H*D] views
+    kv_col = hk * D
+    if TMA:
+        q = Q.load([b * S_q + pid_m * BLOCK_M, h * D])  # [BLOCK_M, BLOCK_D]
+    else:
+        q = _load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :],
+                  rmask[:, None] & dmask[None, :], 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
+        K += b * skb + hk * skh
+        V += b * svb + hk * svh
     vec_off = bm * S_k
     LTS += vec_off
     LTE += vec_off
@@ -84,19 +95,19 @@ def _flashmask_fwd_kernel(
     for i in range(0, n_part):
         n = tl.load(IDX + i)
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k,
-                                  LTS, LTE, UTS, UTE, qk_scale, BLOCK_N, True,
-                                  CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+                                  LTS, LTE, UTS, UTE, qk_scale, kv_row, kv_col, BLOCK_N, True,
+                                  CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, TMA)
     if f_lo >= 0:  # unmasked blocks form one run: affine addresses, best pipelining
         for n in range(f_lo, f_lo + n_full):
             acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k,
-                                      LTS, LTE, UTS, UTE, qk_scale, BLOCK_N, False,
-                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+                                      LTS, LTE, UTS, UTE, qk_scale, kv_row, kv_col, BLOCK_N, False,
+                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, TMA)
     else:
         for i in range(n_part, n_part + n_full):
             n = tl.load(IDX + i)
             acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k,
-                                      LTS, LTE, UTS, UTE, qk_scale, BLOCK_N, False,
-                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN)
+                                      LTS, LTE, UTS, UTE, qk_scale, kv_row, kv_col, BLOCK_N, False,
+                                      CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, TMA)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
