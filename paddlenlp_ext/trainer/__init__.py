@@ -4,6 +4,7 @@ Public names (imported lazily, so a partial checkout still imports):
 
 - ``Trainer``, ``TrainerState`` (``trainer.py``): the loop; DPO/RM override ``compute_loss``/``count_loss_units``.
 - ``save_checkpoint``, ``load_checkpoint``, ``list_checkpoints``, ``checkpoint_step`` (``checkpoint.py``).
+- ``MasterWeights``, ``precision_mode`` (``mixed_precision.py``): AMP O2 (bf16 compute weights, fp32 masters).
 - ``build_optimizer``, ``build_lr_scheduler`` (``optimization.py``); ``sft_loss`` (``loss.py``);
   ``set_seed`` (``trainer_utils.py``).
 - ``PdArgumentParser`` (``argparser.py``); ``TrainingArguments``, ``SFTConfig``, ``ModelArgument``,
@@ -18,6 +19,7 @@ _EXPORTS = {
     "checkpoint_step": "checkpoint",
     "build_optimizer": "optimization", "build_lr_scheduler": "optimization",
     "sft_loss": "loss", "set_seed": "trainer_utils",
+    "MasterWeights": "mixed_precision", "precision_mode": "mixed_precision",
     "PdArgumentParser": "argparser",
     "TrainingArguments": "arguments", "SFTConfig": "arguments", "ModelArgument": "arguments",
     "DataArgument": "arguments", "parse_sft_args": "arguments", "finalize_sft_args": "arguments",
