@@ -11,7 +11,8 @@ What is checked (5 optimizer steps, each over the same 4 packs as 2 micro-batche
    tolerance: the Triton backward is not bit-deterministic) and the bf16 copies are refreshed after the load.
 5. ``MasterWeights`` with a fused CUDA AdamW (which does not bump ``_version``) refreshes its copies every step.
 
-``GPU_RESULTS_JSON=path`` appends the measured numbers. Run: ``python -m pytest -q tests/gpu/test_mixed_precision_gpu.py -s``.
+``GPU_RESULTS_JSON=path`` appends the measured numbers.
+Run: ``python -m pytest -q tests/gpu/test_mixed_precision_gpu.py -s``.
 """
 
 from __future__ import annotations
