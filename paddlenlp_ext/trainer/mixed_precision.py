@@ -195,9 +195,11 @@ def precision_mode(args: Any, device: torch.device, model: nn.Module) -> tuple[s
     Reads ``bf16``, ``fp16`` (computes in bf16: no loss scaling here) and ``fp16_opt_level`` of ``args``.
 
     - not bf16/fp16, or ``device`` not CUDA: ``fp32`` (bf16 is only used on CUDA).
+    - FSDP2 modules in ``model``: ``o2_fsdp`` at any level with ``bf16`` (``parallelize._fsdp_kwargs`` applies
+      the bf16 MixedPrecisionPolicy whenever ``bf16`` is set; that is O2; autocast on top; reason set unless O2);
+      ``o1`` with ``fp16`` alone (no policy then).
     - ``fp16_opt_level`` O0: ``fp32`` (Paddle's ``auto_cast(level="O0")`` casts nothing).
     - ``fp16_opt_level`` O1: ``o1`` (``torch.autocast`` bf16, fp32 parameters).
-    - O2 with FSDP2 modules in ``model``: ``o2_fsdp`` (the FSDP MixedPrecisionPolicy is O2; autocast on top).
     - O2 with DTensor trainable parameters but no FSDP (tensor parallel alone): ``o1``, reason says why.
     - O2 with a trainable parameter that is not fp32: ``o1`` (no fp32 master to keep), reason says why.
     - O2 otherwise: ``o2`` (:class:`MasterWeights` around forward/backward, autocast kept).
@@ -208,12 +210,16 @@ def precision_mode(args: Any, device: torch.device, model: nn.Module) -> tuple[s
     if device.type != "cuda":
         return "fp32", f"bf16 requested but only used on CUDA (device {device})"
     level = str(getattr(args, "fp16_opt_level", "O1") or "O1").upper()
+    if _has_fsdp(model):
+        if not bool(getattr(args, "bf16", False)):  # _fsdp_kwargs sets its policy for bf16 only
+            return "o1", "fp16 under FSDP: FSDP2's bf16 MixedPrecisionPolicy is set for bf16 only; O1 autocast"
+        # parallelize._fsdp_kwargs gave every FSDP module the bf16 policy, whatever the level
+        return "o2_fsdp", "" if level == "O2" else (f"fp16_opt_level {level} is not distinguished under FSDP: bf16 "
+                                                     "always runs as FSDP2's MixedPrecisionPolicy (O2)")
     if level == "O0":
         return "fp32", "fp16_opt_level O0: Paddle's AMP level O0 casts nothing"
     if level != "O2":
         return "o1", ""
-    if _has_fsdp(model):
-        return "o2_fsdp", ""
     trainable = _unique_trainable(model)
     if any(_is_dtensor(p) for _, p in trainable):
         return "o1", ("fp16_opt_level O2 needs plain-tensor parameters; tensor-parallel DTensor parameters without "

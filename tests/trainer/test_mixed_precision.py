@@ -232,6 +232,10 @@ def test_precision_mode_decisions(monkeypatch):
     assert mode == "o1" and "load the model in fp32" in reason
     monkeypatch.setattr(mp, "_has_fsdp", lambda m: True)
     assert precision_mode(args(), cuda, model) == ("o2_fsdp", "")
+    mode, reason = precision_mode(args(fp16_opt_level="O1"), cuda, model)
+    assert mode == "o2_fsdp" and "not distinguished under FSDP" in reason
+    assert precision_mode(args(), cpu, model)[0] == "fp32"
+    assert precision_mode(args(bf16=False, fp16=True), cuda, model)[0] == "o1"
 
 
 def test_fsdp_module_detected(one_rank_group):
