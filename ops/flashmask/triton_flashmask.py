@@ -138,10 +138,12 @@ def _even(s_rows: int, s_cols: int, block_rows: int, block_cols: int, d: int, d_
     return s_rows % block_rows == 0 and s_cols % block_cols == 0 and d == d_pad
 
 
-def _tma_enabled(t: torch.Tensor) -> bool:
-    """TMA (tensor-descriptor) loads: ``FLASHMASK_TMA=1`` on a Hopper-or-newer GPU (or the CPU interpreter,
-    for the tests); off by default until measured faster (docs/kernel_notes.md)."""
-    if os.environ.get("FLASHMASK_TMA", "0") != "1":
+def _tma_enabled(t: torch.Tensor, kernel: str) -> bool:
+    """TMA (tensor-descriptor) loads for ``kernel`` ("fwd" or "bwd") on a Hopper-or-newer GPU (or the CPU
+    interpreter, for the tests). ``FLASHMASK_TMA``: unset or ``fwd`` = forward only (H200 A/B: forward 9-16 %
+    faster at D=128, the backward mixed, -5 % to +27 %; docs/kernel_notes.md v4), ``1`` = every kernel, ``0`` = none."""
+    mode = os.environ.get("FLASHMASK_TMA", "fwd")
+    if mode == "0" or (mode == "fwd" and kernel != "fwd"):
         return False
     return _interpreting() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
 
@@ -161,10 +163,10 @@ def _tma_2d(t: torch.Tensor, block_rows: int):
     return TensorDescriptor(t, [b * s, h * d], [row, 1], [block_rows, d])
 
 
-def _operands(even: bool, *tensor_rows):
+def _operands(kernel: str, even: bool, *tensor_rows):
     """``(operands, tma)``: TMA descriptors for every ``(tensor, box_rows)`` when the launch is EVEN, TMA is
-    enabled and every layout allows it; else the tensors themselves (pointer loads)."""
-    if even and _tma_enabled(tensor_rows[0][0]):
+    enabled for ``kernel`` and every layout allows it; else the tensors themselves (pointer loads)."""
+    if even and _tma_enabled(tensor_rows[0][0], kernel):
         descs = [_tma_2d(t, rows) for t, rows in tensor_rows]
         if all(x is not None for x in descs):
             return descs, True
@@ -182,7 +184,7 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     grid = (idx.shape[1], b * h_q)
     even = _even(s_q, s_k, bm, bn, d, d_pad)
-    (q_, k_, v_), tma = _operands(even, (q, bm), (k, bn), (v, bn))
+    (q_, k_, v_), tma = _operands("fwd", even, (q, bm), (k, bn), (v, bn))
     _launch(_flashmask_fwd_kernel, grid,
         q_, k_, v_, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -225,7 +227,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         sdq = (0, 0, 0)
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
     even = _even(s_q, s_k, bm, bn, d, d_pad)
-    (q_, do_), tma = _operands(even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
+    (q_, do_), tma = _operands("bwd", even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
     _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
         q_, k, v, do_, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         full_lo,
@@ -245,7 +247,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
     idx2, n_part2, n_full2, full_lo2 = _lists(mv, bm2, bn2, by_key=False)
     even = _even(s_q, s_k, bm2, bn2, d, d_pad)
-    (k_, v_), tma = _operands(even, (k, bn2), (v, bn2))  # dQ streams K and V tiles
+    (k_, v_), tma = _operands("bwd", even, (k, bn2), (v, bn2))  # dQ streams K and V tiles
     _launch(_flashmask_bwd_dq_kernel, (idx2.shape[1], b * h_q),
         q, k_, v_, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2,
         full_lo2,
