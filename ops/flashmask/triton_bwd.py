@@ -28,7 +28,8 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
+               TMA_DQ: tl.constexpr):
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
@@ -52,7 +53,10 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
     dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
     if ATOMIC_DQ:
         dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC)  # [BLOCK_M, BLOCK_D], unscaled
-        tl.atomic_add(DQh + offs_m[:, None] * sdqs + offs_d[None, :], dq, mask=q_mask, sem="relaxed")
+        if TMA_DQ:  # one bulk reduce-add of the tile by the TMA unit (FlashAttention-3's dQ scheme)
+            DQh.atomic_add([q_row + m * BLOCK_M, q_col], dq)
+        else:
+            tl.atomic_add(DQh + offs_m[:, None] * sdqs + offs_d[None, :], dq, mask=q_mask, sem="relaxed")
     return dk, dv
 
 
@@ -65,7 +69,7 @@ def _flashmask_bwd_dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
-    EVEN: tl.constexpr, TMA: tl.constexpr,
+    EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
     n = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -97,25 +101,31 @@ def _flashmask_bwd_dkdv_kernel(
             DOh = DO + b * sdob + h * sdoh
         LSEh = LSE2 + (b * H_q + h) * S_q
         DELh = DELTA + (b * H_q + h) * S_q
-        DQh = DQA + b * sdqb + h * sdqh
+        if TMA_DQ:  # a 2-D descriptor over the fp32 [B*S_q, H_q*D] accumulator
+            DQh = DQA
+        else:
+            DQh = DQA + b * sdqb + h * sdqh
         for i in range(0, n_part):
             m = tl.load(IDX + i)
             dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs,
                                 sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D, BLOCK_M, True,
-                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA)
+                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
+                                TMA_DQ)
         if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
             for m in range(f_lo, f_lo + n_full):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                                     sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D,
                                     BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA)
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
+                                TMA_DQ)
         else:
             for i in range(n_part, n_part + n_full):
                 m = tl.load(IDX + i)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                                     sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D,
                                     BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA)
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
+                                TMA_DQ)
 
     _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)

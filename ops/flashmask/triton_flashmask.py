@@ -143,7 +143,7 @@ def _tma_enabled(t: torch.Tensor, kernel: str) -> bool:
     interpreter, for the tests). ``FLASHMASK_TMA``: unset or ``fwd`` = forward only (H200 A/B: forward 9-16 %
     faster at D=128, the backward mixed, -5 % to +27 %; docs/kernel_notes.md v4), ``1`` = every kernel, ``0`` = none."""
     mode = os.environ.get("FLASHMASK_TMA", "fwd")
-    if mode == "0" or (mode == "fwd" and kernel != "fwd"):
+    if mode == "0" or (mode == "fwd" and kernel not in ("fwd", "any")):
         return False
     return _interpreting() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
 
@@ -215,33 +215,44 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     # dQ: by default a separate row-parallel kernel (bitwise reproducible, and on the H200 sweep v3 as fast as or
-    # faster than atomics: 27.6 vs 28.8 ms full 8K D=128, 0.88 vs 1.21 ms causal document D=64);
-    # FLASHMASK_ATOMIC_DQ=1 selects fp32 atomics in the dK/dV kernel (FlashMask v1's scheme) for deterministic=False
-    atomic = not deterministic and os.environ.get("FLASHMASK_ATOMIC_DQ", "0") == "1"
+    # faster than thread atomics: 27.6 vs 28.8 ms full 8K D=128, 0.88 vs 1.21 ms causal document D=64).
+    # FLASHMASK_ATOMIC_DQ=1 adds dQ tiles from the dK/dV kernel with fp32 thread atomics (FlashMask v1's scheme),
+    # =tma with TMA bulk reduce-adds (FlashAttention-3's scheme; EVEN launches on Hopper, else thread atomics);
+    # both only when deterministic=False.
+    dq_mode = os.environ.get("FLASHMASK_ATOMIC_DQ", "0")
+    atomic = not deterministic and dq_mode in ("1", "tma")
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
-    if atomic:  # unscaled fp32 dQ accumulator [B, H_q, S_q, D]
-        dqa = torch.zeros(b, h_q, s_q, d, dtype=torch.float32, device=q.device)
-        sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1))  # (batch, seq, head) like q's
+    even = _even(s_q, s_k, bm, bn, d, d_pad)
+    tma_dq = False
+    if atomic:
+        # (the CPU interpreter has no descriptor reduce: thread atomics there)
+        if dq_mode == "tma" and even and not _interpreting() and _tma_enabled(q, "any"):
+            dqa = torch.zeros(b, s_q, h_q, d, dtype=torch.float32, device=q.device)  # q's layout, unscaled
+            dqa_arg = _tma_2d(dqa, bm)
+            tma_dq = dqa_arg is not None
+        if not tma_dq:  # unscaled fp32 dQ accumulator [B, H_q, S_q, D]
+            dqa = torch.zeros(b, h_q, s_q, d, dtype=torch.float32, device=q.device)
+            dqa_arg = dqa
+        sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1)) if not tma_dq else (0, 0, 0)  # (batch, seq, head)
     else:
-        dqa = lse  # unused
+        dqa = dqa_arg = lse  # unused
         sdq = (0, 0, 0)
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
-    even = _even(s_q, s_k, bm, bn, d, d_pad)
     (q_, do_), tma = _operands("bwd", even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
     _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
-        q_, k, v, do_, lse2, delta, dk, dv, dqa, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
+        q_, k, v, do_, lse2, delta, dk, dv, dqa_arg, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         sdq[0], sdq[1], sdq[2],
         s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=even, TMA=tma,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=even, TMA=tma, TMA_DQ=tma_dq,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
     if atomic:
         dq = torch.empty_like(q)
-        torch.mul(dqa.transpose(1, 2), scale, out=dq)  # [B, S_q, H_q, D] in q's dtype, scaled once
+        torch.mul(dqa if tma_dq else dqa.transpose(1, 2), scale, out=dq)  # [B, S_q, H_q, D], scaled once
         return dq, dk, dv
     dq = torch.empty_like(q)
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]

@@ -4,7 +4,7 @@ Times the forward and the backward (``deterministic=True`` dQ kernel and atomic 
 set through ``FLASHMASK_FWD_CFG`` / ``FLASHMASK_BWD_CFG``, on masks from :mod:`flashmask.benchmarks.bench_attention`
 (bf16, H = 32, B*S = 32K). Optional A/B variants run the same grid with another copy of the package
 (``--alt name=path``: a directory holding a ``flashmask``-shaped package, imported under ``name``) or with an
-environment switch (``--env-variant name=VAR=value``, e.g. ``FLASHMASK_RANGE_LOOPS=0``).
+environment switch (``--env-variant name=VAR=value[,VAR2=value2]``, e.g. ``FLASHMASK_RANGE_LOOPS=0``).
 
 Compilation dominates a sweep, so ``--precompile N`` first runs every (variant, config, mask) once in N worker
 processes (same shapes, so Triton's on-disk cache is hit later), then times everything sequentially in this
@@ -57,9 +57,8 @@ def _jobs(args):
     for a in args.alt:
         variants.append((a.split("=", 1)[0], a, ()))
     for e in args.env_variant:
-        label, kv = e.split("=", 1)
-        var, val = kv.split("=", 1)
-        variants.append((label, None, ((var, val),)))
+        label, kvs = e.split("=", 1)
+        variants.append((label, None, tuple(tuple(kv.split("=", 1)) for kv in kvs.split(","))))
     out = []
     for (label, spec, env), (kind, cfgs) in itertools.product(variants, (("fwd", args.fwd), ("bwd-d", args.bwd),
                                                                          ("bwd-a", args.bwd if args.atomic else []))):
@@ -75,6 +74,8 @@ def _time_one(args, job, mask, inputs, bench: bool):
 
     label, spec, env, kind, cfg = job
     env = dict(env)
+    if kind == "bwd-a":  # the atomic-dQ backward: thread atomics unless the variant picks another scheme
+        env.setdefault("FLASHMASK_ATOMIC_DQ", "1")
     old_env = {k: os.environ.get(k) for k in list(env) + ["FLASHMASK_FWD_CFG", "FLASHMASK_BWD_CFG"]}
     os.environ.update(env)
     os.environ["FLASHMASK_FWD_CFG" if kind == "fwd" else "FLASHMASK_BWD_CFG"] = cfg
@@ -122,7 +123,7 @@ def main(argv=None):
     p.add_argument("--bwd", nargs="*", default=BWD, help="BM,BN,warps,stages,dqBM,dqBN,dqwarps,dqstages")
     p.add_argument("--atomic", action="store_true", help="also time the atomic-dQ backward")
     p.add_argument("--alt", nargs="*", default=[], help="name=path: another package copy to A/B")
-    p.add_argument("--env-variant", nargs="*", default=[], help="label=VAR=value")
+    p.add_argument("--env-variant", nargs="*", default=[], help="label=VAR=value[,VAR2=value2]")
     p.add_argument("--precompile", type=int, default=0, help="worker processes for compilation first")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
