@@ -17,11 +17,11 @@ Run: ``python -m pytest -q tests/gpu/test_mixed_precision_gpu.py -s``.
 
 from __future__ import annotations
 
-import json
-import os
 
 import pytest
 import torch
+
+from _records import record  # tests/gpu/_records.py
 
 from paddlenlp_ext.trainer.arguments import TrainingArguments
 from paddlenlp_ext.trainer.mixed_precision import MasterWeights
@@ -38,15 +38,6 @@ STEPS = 5
 if torch.cuda.is_available():
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 run must be real fp32
     torch.backends.cudnn.allow_tf32 = False
-
-
-def _record(name: str, **values) -> None:
-    line = json.dumps({"test": name, **values}, default=float)
-    print(line)
-    path = os.environ.get("GPU_RESULTS_JSON")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 def _pack(g: torch.Generator, lengths) -> dict:
@@ -117,7 +108,7 @@ def test_trainer_o1_vs_o2_losses_checkpoint(tmp_path):
     assert o2.optimizer.defaults["fused"] is True  # every trainable parameter is a CUDA plain tensor
     d_o1, d_pure, d_o2 = (_dist(_losses(t), _losses(fp32)) for t in (o1, pure, o2))
     tol = 2 * max(d_o1, d_pure)
-    _record("o2_vs_o1_losses", fp32=_losses(fp32), o1=_losses(o1), o2=_losses(o2), pure_bf16=_losses(pure),
+    record("o2_vs_o1_losses", fp32=_losses(fp32), o1=_losses(o1), o2=_losses(o2), pure_bf16=_losses(pure),
             d_o1=d_o1, d_o2=d_o2, d_pure=d_pure, tol=tol)
     assert d_o2 <= tol, (d_o2, tol)
     assert _losses(o2)[-1] < _losses(o2)[0]  # it trains
@@ -128,7 +119,7 @@ def test_trainer_o1_vs_o2_losses_checkpoint(tmp_path):
 
     rec = _train(tmp_path / "o2_recompute", recompute=True)
     d_rec = _dist(_losses(rec), _losses(o2))
-    _record("o2_recompute", losses=_losses(rec), d_vs_o2=d_rec)
+    record("o2_recompute", losses=_losses(rec), d_vs_o2=d_rec)
     assert d_rec <= tol, (d_rec, tol)
 
     full = _train(tmp_path / "ckpt_full", save_steps=3)
@@ -136,7 +127,7 @@ def test_trainer_o1_vs_o2_losses_checkpoint(tmp_path):
     resumed = _train(tmp_path / "ckpt_split", save_steps=3, resume=str(tmp_path / "ckpt_split" / "checkpoint-3"))
     assert resumed.state.global_step == STEPS and resumed.precision == "o2"
     d_res = _dist(_losses(resumed)[3:], _losses(full)[3:])
-    _record("o2_resume", full=_losses(full), resumed=_losses(resumed), d=d_res)
+    record("o2_resume", full=_losses(full), resumed=_losses(resumed), d=d_res)
     assert d_res <= tol, (d_res, tol)
     for p, master in zip(resumed.master_weights.params, resumed.master_weights.masters):
         assert p.data_ptr() == master.data_ptr()  # fp32 masters are back in the parameters

@@ -26,12 +26,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import json
 import math
-import os
 
 import pytest
 import torch
+
+from _records import record  # tests/gpu/_records.py
 
 import flashmask
 from flashmask.api import flashmask_attention as _real_attention
@@ -53,16 +53,6 @@ LLAMA_CFG = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_h
 if torch.cuda.is_available():
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 gold must be real fp32
     torch.backends.cudnn.allow_tf32 = False
-
-
-def _record(name: str, **values) -> None:
-    """Print measured numbers; append them as one JSON line to ``$GPU_RESULTS_JSON`` when set."""
-    line = json.dumps({"test": name, **values}, default=float)
-    print(line)
-    path = os.environ.get("GPU_RESULTS_JSON")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 @contextlib.contextmanager
@@ -164,7 +154,7 @@ def _packed_vs_alone(m16, m32, exs, name: str, **fwd_kw) -> dict:
     res = dict(max_abs_gold=scale, err_same_bf16_reference=e_same, err_alone_bf16_triton=e_alone,
                err_packed_bf16_triton=e_packed, budget_alone=2 * e_same + floor, budget_packed=2 * e_alone + floor,
                attention_calls=sum(calls.values()))
-    _record(name, **res)
+    record(name, **res)
     assert e_alone <= 2 * e_same + floor, f"{name}: alone Triton bf16 error {e_alone:.4g} > budget {res}"
     assert e_packed <= 2 * e_alone + floor, f"{name}: packed Triton bf16 error {e_packed:.4g} > budget {res}"
     return res
@@ -203,7 +193,7 @@ def test_llama_neighbour_change_is_bitwise_invisible(llama):
             outs.append(leak)
     o1, leak1, o2, leak2 = outs
     diffs = {n: _maxabs(o1[s:e], o2[s:e]) for n, (s, e) in dict(a=sa, b=sb, c=sc, d=sd).items()}
-    _record("llama_neighbour_change_bf16", max_abs_diff=diffs, leak_without_indices=_maxabs(leak1[sc[0]:sc[1]],
+    record("llama_neighbour_change_bf16", max_abs_diff=diffs, leak_without_indices=_maxabs(leak1[sc[0]:sc[1]],
                                                                                              leak2[sc[0]:sc[1]]))
     assert diffs["b"] > 0, "the changed example's logits did not change"
     assert _maxabs(leak1[sc[0]:sc[1]], leak2[sc[0]:sc[1]]) > 0, "without indices c should see b (test not vacuous)"
@@ -242,7 +232,7 @@ def test_llama_trains_through_triton():
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
             opt.step()
             losses.append(float(loss.detach()))
-    _record("llama_train_30_steps_bf16_autocast", loss_first=losses[0], loss_last=losses[-1], losses=losses,
+    record("llama_train_30_steps_bf16_autocast", loss_first=losses[0], loss_last=losses[-1], losses=losses,
             grad_norm_first=norms[0], grad_norm_last=norms[-1], calls={str(k): v for k, v in calls.items()})
     assert calls[(TRITON, "torch.bfloat16")] == 30 * LLAMA_CFG["num_hidden_layers"], calls
     assert all(math.isfinite(x) for x in losses), losses
@@ -279,7 +269,7 @@ def test_llama_triton_grads_match_reference(llama):
                rel_err_triton_vs_reference_bf16=_rel(g_t, g_r, names),
                worst_param_triton=max(per_t.values()), worst_param_reference=max(per_r.values()),
                worst_param_name=max(per_t, key=per_t.get))
-    _record("llama_one_step_grads_triton_vs_reference", **res)
+    record("llama_one_step_grads_triton_vs_reference", **res)
     for n in names:
         assert torch.isfinite(g_t[n]).all(), n
     assert res["rel_err_triton_vs_fp32"] <= 2 * res["rel_err_reference_bf16_vs_fp32"] + 1e-3, res
@@ -374,7 +364,7 @@ def test_dpo_pack_logps_equal_alone_and_step(llama):
             for name, p in policy.named_parameters():
                 assert torch.isfinite(p.grad).all(), name
             opt.step()
-    _record("dpo_pack_bf16", gold_logps=gold.tolist(), err_same_bf16_reference=e_same,
+    record("dpo_pack_bf16", gold_logps=gold.tolist(), err_same_bf16_reference=e_same,
             err_alone_bf16_triton=e_alone, err_packed_bf16_triton=e_packed, floor=floor,
             dpo_loss_step0=losses[0], dpo_loss_step1=losses[1], margins_step1=float(metrics["rewards/margins"]) / n)
     assert abs(losses[0] - math.log(2)) < 1e-6, losses
