@@ -49,6 +49,9 @@ def load_model_and_tokenizer(path: str, dtype: str):
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing.
     """
+    if os.path.isdir(os.path.join(path, "distcp")):
+        raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
+                         "directory: pass the run's output_dir (its final model), or resume training from it")
     adapter_cfg = os.path.join(path, "adapter_config.json")
     if os.path.isfile(adapter_cfg) and not os.path.isfile(os.path.join(path, "config.json")):
         from paddlenlp_ext.peft import load_lora, merge_lora
@@ -109,4 +112,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from paddlenlp_ext.trainer.launch import run_cli
+
+    run_cli(main)

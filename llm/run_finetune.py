@@ -24,8 +24,9 @@ import torch
 
 from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, list_checkpoints, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
-from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, lora_plus_optimizer,
-                                         require_model_path, run_cli, save_adapter, train_summary)
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, keep_final_model,
+                                         lora_plus_optimizer, require_model_path, run_cli, save_adapter,
+                                         train_summary)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -143,13 +144,18 @@ def main(argv=None) -> dict:
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=resume)
         summary.update(train_summary(result))
-        if model_args.lora:
+        if keep_final_model(result, training_args.output_dir, model_args.lora):
+            pass  # resumed at max_steps and a final model is there: keep it (it may be newer than the checkpoint)
+        elif model_args.lora:
             save_adapter(trainer, model_args, training_args.output_dir)
             if model_args.merge_weights:
                 from paddlenlp_ext.peft import merge_lora
 
-                merge_lora(trainer.model)  # fp32 fold, rounded once; the full model goes next to the adapter
-                trainer.save_model()
+                # fp32 fold, rounded once. The full model goes to its own directory: beside the adapter files,
+                # transformers (with peft installed) would load the merged weights AND apply the adapter again.
+                merge_lora(trainer.model)
+                summary["merged_to"] = os.path.abspath(trainer.save_model(os.path.join(training_args.output_dir,
+                                                                                       "merged")))
         else:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)

@@ -22,7 +22,8 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import finish, init_parallel_dims, require_model_path, run_cli, train_summary
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, keep_final_model, require_model_path, run_cli,
+                                         train_summary)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -66,7 +67,8 @@ def main(argv=None) -> dict:
             raise ValueError("do_train=true needs train_dataset_path")
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         summary.update(train_summary(result))
-        if not (training_args.benchmark or training_args.autotuner_benchmark):
+        if not (training_args.benchmark or training_args.autotuner_benchmark
+                or keep_final_model(result, training_args.output_dir)):
             trainer.save_model()
             summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:

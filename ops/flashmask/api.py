@@ -136,7 +136,7 @@ def flashmask_attention(
         dropout: must be 0.0; attention dropout is not implemented (a non-zero value raises).
         return_softmax_lse: also return the natural-log LSE, fp32 ``[B, H_q, S_q]`` (-inf for empty rows).
         deterministic: guarantee a bitwise-reproducible backward (the Triton default already is: dQ comes from
-            its own kernel without atomics unless FLASHMASK_ATOMIC_DQ=1).
+            its own kernel without atomics unless FLASHMASK_ATOMIC_DQ is 1 or tma).
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
             choice never falls back.
 

@@ -34,6 +34,15 @@ def _pow2(x: int) -> int:
     return max(16, triton.next_power_of_2(x))
 
 
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The value of environment switch ``name`` (``default`` when unset); ValueError naming it otherwise."""
+    val = os.environ.get(name, default)
+    if val not in choices:
+        raise ValueError(f"{name}={val!r} is not one of {choices} (see ops/flashmask/README.md); unset it for "
+                         f"the default {default!r}")
+    return val
+
+
 def _env_cfg(name: str, keys: tuple[str, ...]) -> dict | None:
     """Override from an environment variable of comma-separated ints (used by benchmarks/tune_blocks.py)."""
     raw = os.environ.get(name)
@@ -122,7 +131,7 @@ def _lists(mv: MaskVectors, block_m: int, block_n: int, by_key: bool):
     """``mv.block_lists``; ``FLASHMASK_RANGE_LOOPS=0`` hides the contiguous runs (every unmasked block then goes
     through the indirect list), a switch for benchmarking the two loop forms against each other."""
     idx, n_part, n_full, full_lo = mv.block_lists(block_m, block_n, by_key)
-    if os.environ.get("FLASHMASK_RANGE_LOOPS", "1") == "0":
+    if _env_choice("FLASHMASK_RANGE_LOOPS", "1", ("0", "1")) == "0":
         full_lo = torch.full_like(full_lo, -1)
     return idx, n_part, n_full, full_lo
 
@@ -142,7 +151,7 @@ def _tma_enabled(t: torch.Tensor, kernel: str) -> bool:
     """TMA (tensor-descriptor) loads for ``kernel`` ("fwd" or "bwd") on a Hopper-or-newer GPU (or the CPU
     interpreter, for the tests). ``FLASHMASK_TMA``: unset or ``fwd`` = forward only (H200 A/B: forward 9-16 %
     faster at D=128, the backward mixed, -5 % to +27 %; docs/kernel_notes.md v4), ``1`` = every kernel, ``0`` = none."""
-    mode = os.environ.get("FLASHMASK_TMA", "fwd")
+    mode = _env_choice("FLASHMASK_TMA", "fwd", ("fwd", "1", "0"))
     if mode == "0" or (mode == "fwd" and kernel not in ("fwd", "any")):
         return False
     return _interpreting() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
@@ -219,7 +228,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     # FLASHMASK_ATOMIC_DQ=1 adds dQ tiles from the dK/dV kernel with fp32 thread atomics (FlashMask v1's scheme),
     # =tma with TMA bulk reduce-adds (FlashAttention-3's scheme; EVEN launches on Hopper, else thread atomics);
     # both only when deterministic=False.
-    dq_mode = os.environ.get("FLASHMASK_ATOMIC_DQ", "0")
+    dq_mode = _env_choice("FLASHMASK_ATOMIC_DQ", "0", ("0", "1", "tma"))
     atomic = not deterministic and dq_mode in ("1", "tma")
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
     even = _even(s_q, s_k, bm, bn, d, d_pad)
@@ -330,13 +339,15 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         startend_row_indices: int32 ``[B, H_mask, S_k, C]`` or None (semantics in :mod:`flashmask.dense`).
         causal: FlashMask causal mode (requires S_q == S_k, checked by the API).
         softmax_scale: score multiplier.
-        deterministic: guarantee a bitwise reproducible backward. The default backward already computes dQ in
-            a separate row-parallel kernel (no atomics; fastest on the H200); ``FLASHMASK_ATOMIC_DQ=1`` switches
-            the non-deterministic default to fp32 atomics.
+        deterministic: guarantee a bitwise reproducible backward. The default backward already is: it computes
+            dQ in a separate row-parallel kernel (no atomics; fastest on the H200). With ``deterministic=False``,
+            ``FLASHMASK_ATOMIC_DQ=1`` switches dQ to fp32 thread atomics and ``=tma`` to TMA bulk reduce-adds
+            (Hopper, EVEN launches; thread atomics otherwise, including the CPU interpreter).
 
     Raises:
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
-        ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16).
+        ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16); an
+            unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS``.
     """
     if not q.is_cuda and not _interpreting():
         raise RuntimeError(

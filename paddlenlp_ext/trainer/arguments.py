@@ -29,6 +29,14 @@ _STRATEGIES = ("no", "steps", "epoch")
 _RECOMPUTE = ("full", "core_attn", "full_attn")
 
 
+
+def _file_ancestor(path: str) -> str | None:
+    """The first existing ancestor of ``path`` when it is a file (so ``path`` cannot be created), else None."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return parent if parent and os.path.isfile(parent) else None
+
 def _help(text: str) -> Dict[str, str]:
     return {"help": text}
 
@@ -209,6 +217,9 @@ class TrainingArguments:
         e.check(bool(self.output_dir), "output_dir must be a non-empty path")
         e.check(not self.output_dir or not os.path.exists(self.output_dir) or os.path.isdir(self.output_dir),
                 f"output_dir={self.output_dir!r} is an existing file, not a directory; choose another path")
+        blocker = _file_ancestor(self.output_dir) if self.output_dir else None
+        e.check(blocker is None, f"output_dir={self.output_dir!r} cannot be created: {blocker!r} is a file; choose "
+                                 "another path")
         e.check(self.lr_scheduler_type in _SCHEDULERS,
                 f"lr_scheduler_type must be one of {_SCHEDULERS}, got {self.lr_scheduler_type!r}")
         for key in ("evaluation_strategy", "save_strategy"):
@@ -316,7 +327,7 @@ class ModelArgument:
         "Regexes of nn.Linear names to adapt (ours); None = all linear layers, as PaddleNLP."))
     merge_weights: bool = field(default=False, metadata=_help(
         "After LoRA training also save the merged model (W + s*B@A folded in fp32, rounded once) as a full HF "
-        "directory next to the adapter (ours; one process only)."))
+        "directory in output_dir/merged (ours; one process only)."))
     use_quick_lora: bool = field(default=False, metadata=inert("no fused quick-LoRA kernel", help="Quick LoRA."))
     pissa: bool = field(default=False, metadata=inert("PiSSA init is not implemented", help="PiSSA."))
     lora_use_mixer: bool = field(default=False, metadata=inert("MosLoRA is not implemented", help="MosLoRA."))

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 PREFIX = "checkpoint"
@@ -165,7 +166,8 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     ``data_state`` is this rank's saved data position, or None when the checkpoint has no file for this rank
     (written with a smaller world size): a warning is issued, RNG is not restored and the caller falls back to
     the epoch / micro-batch count of ``trainer_state.json``. Model and optimizer states reshard through DCP.
-    Raises ValueError when ``path`` is not a checkpoint directory.
+    Raises ValueError when ``path`` is not a checkpoint directory, or holds the state of another model or
+    parameter set (e.g. a full fine-tune's checkpoint resumed by a LoRA run).
     """
     path = Path(path)
     if not (path / TRAINER_STATE).is_file() or not (path / "distcp").is_dir():
@@ -175,7 +177,15 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     state = {"model": model_sd, "optim": optim_sd}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, checkpoint_id=str(path / "distcp"))
+        try:
+            dcp.load(state, checkpoint_id=str(path / "distcp"))
+        except (RuntimeError, CheckpointException) as e:  # DCP's missing / unexpected keys, shape mismatches
+            first = next((ln.strip() for ln in str(e).splitlines() if "Missing key" in ln or "mismatch" in ln),
+                         str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            raise ValueError(
+                f"checkpoint {path} does not match this model and optimizer ({first[:300]}): it was written by "
+                "another run (e.g. full fine-tuning vs LoRA, another model). Use another output_dir, set "
+                "overwrite_output_dir true to start over, or name the right resume_from_checkpoint") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     trainer_state = json.loads((path / TRAINER_STATE).read_text())

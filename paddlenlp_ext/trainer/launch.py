@@ -91,6 +91,21 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
         trainer.tokenizer.save_pretrained(output_dir)
 
 
+def keep_final_model(result: dict, output_dir: str, lora: bool = False) -> bool:
+    """True when this call trained nothing (it resumed a checkpoint already at ``max_steps``) and ``output_dir``
+    already holds a final model (``model.safetensors`` / its index, or ``adapter_model.safetensors`` for LoRA):
+    saving again would overwrite it with the checkpoint's weights, which may be older (a run trained further
+    before, with a larger ``max_steps``). Logs a warning when it keeps the model."""
+    if result.get("train_loss") is not None or result.get("train_runtime"):
+        return False  # this call trained: save
+    names = ("adapter_model.safetensors",) if lora else ("model.safetensors", "model.safetensors.index.json")
+    found = [n for n in names if os.path.isfile(os.path.join(output_dir, n))]
+    if found:
+        logger.warning("nothing trained in this run: the final model already in %s (%s) is kept, not overwritten "
+                       "with the checkpoint's weights", output_dir, found[0])
+    return bool(found)
+
+
 def train_summary(result: dict) -> dict:
     """The summary fields of ``Trainer.train``'s result (loss and tokens/s are None when nothing trained)."""
     return dict(global_step=result["global_step"], train_loss=result["train_loss"],

@@ -208,7 +208,8 @@ def precision_mode(args: Any, device: torch.device, model: nn.Module) -> tuple[s
     if not half:
         return "fp32", ""
     if device.type != "cuda":
-        return "fp32", f"bf16 requested but only used on CUDA (device {device})"
+        asked = "bf16" if bool(getattr(args, "bf16", False)) else "fp16"
+        return "fp32", f"{asked} requested but half precision is only used on CUDA (device {device})"
     level = str(getattr(args, "fp16_opt_level", "O1") or "O1").upper()
     if _has_fsdp(model):
         if not bool(getattr(args, "bf16", False)):  # _fsdp_kwargs sets its policy for bf16 only

@@ -304,9 +304,11 @@ class Trainer:
             logger.warning("the checkpoint %s is already at step %d of max_steps=%d: nothing to train (raise "
                            "max_steps, or start over with --overwrite_output_dir true)", resume_path,
                            self.state.global_step, max_steps)
-        logger.info("training: %d optimizer steps (from step %d), %d micro-batch(es) of %d per step, %d data "
-                    "rank(s)", max_steps, self.state.global_step, acc_steps, args.per_device_train_batch_size,
-                    self.dp.size)
+        else:
+            logger.info("training: steps %d..%d of max_steps=%d, %d micro-batch(es) of %d per step, %d data "
+                        "rank(s)",
+                        self.state.global_step + 1, max_steps, max_steps, acc_steps,
+                        args.per_device_train_batch_size, self.dp.size)
         metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
         stream = self._micro_batch_stream()
         window = _Window(self.device)

@@ -286,3 +286,13 @@ def test_tma_descriptor_path(monkeypatch, causal, c):
     ptr = _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, causal, 0.25), q, k, v, do)
     for a, b in zip(tma, ptr):
         assert torch.equal(a, b)
+
+
+def test_unknown_environment_switch_is_an_error(monkeypatch):
+    """A typo in a kernel switch must not silently pick a path: ValueError naming the variable."""
+    q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)
+    for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS"):
+        monkeypatch.setenv(var, "off")
+        with pytest.raises(ValueError, match=var):
+            _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, None, True, 0.25), q, k, v, do)
+        monkeypatch.delenv(var)

@@ -72,9 +72,31 @@ def test_launcher_trains_saves_and_resumes(tiny_job, capsys):
     assert tok.chat_template
 
 
+def test_finished_run_keeps_a_newer_final_model(tiny_job):
+    """A rerun whose latest checkpoint is already at max_steps trains nothing and must not overwrite the final
+    model (here from step 3) with that checkpoint's older weights (step 2)."""
+    mod = _launcher()
+    out = tiny_job / "keep"
+    mod.main(_argv(tiny_job, out, max_steps=3, do_eval=False, chat_after_train=False))
+    final = (out / "model.safetensors").read_bytes()
+    again = mod.main(_argv(tiny_job, out, max_steps=2, do_eval=False, chat_after_train=False))
+    assert again["global_step"] == 2 and again["train_loss"] is None
+    assert (out / "model.safetensors").read_bytes() == final
+
+
+def test_lora_on_a_full_finetune_checkpoint_is_a_clear_error(tiny_job):
+    """Resuming a full fine-tune's checkpoint with lora=true: a ValueError naming the checkpoint and the fix
+    (the launcher prints it as one ``error:`` line, exit 2), not DCP's raw missing-key RuntimeError."""
+    mod = _launcher()
+    out = tiny_job / "full_then_lora"
+    mod.main(_argv(tiny_job, out, max_steps=2, do_eval=False, chat_after_train=False))
+    with pytest.raises(ValueError, match="checkpoint-2 does not match this model.*overwrite_output_dir"):
+        mod.main(_argv(tiny_job, out, max_steps=4, lora=True, lora_rank=4, do_eval=False, chat_after_train=False))
+
+
 def test_lora_merge_weights_saves_adapter_and_equal_merged_model(tiny_job):
-    """``lora`` + ``merge_weights``: the PEFT adapter and a merged full model land in output_dir, and the merged
-    model's logits equal base + adapter (the fp32 fold, rounded once)."""
+    """``lora`` + ``merge_weights``: the PEFT adapter lands in output_dir and the merged full model in
+    output_dir/merged, whose logits equal base + adapter (the fp32 fold, rounded once)."""
     from paddlenlp_ext.peft import load_lora
     from paddlenlp_ext.transformers import AutoModelForCausalLM
 
@@ -82,8 +104,10 @@ def test_lora_merge_weights_saves_adapter_and_equal_merged_model(tiny_job):
     out = tiny_job / "lora_merged"
     mod.main(_argv(tiny_job, out, max_steps=2, lora=True, lora_rank=4, merge_weights=True, do_eval=False,
                    chat_after_train=False, save_strategy="no"))
-    assert (out / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
-    merged = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+    # the merged model has its own directory, without adapter files (transformers + peft would apply them again)
+    assert (out / "merged" / "model.safetensors").is_file() and not (out / "merged" / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
     lora = load_lora(AutoModelForCausalLM.from_pretrained(str(tiny_job / "model")), str(out)).eval()
     ids = torch.randint(0, 1000, (1, 12))
     with torch.no_grad():
@@ -168,7 +192,8 @@ def test_cli_help_and_user_errors_without_traceback(tmp_path):
     assert helped.returncode == 0 and "--learning_rate (float, default" in helped.stdout
     (tmp_path / "afile").write_text("x")
     for cfg, expected in (({"output_dir": str(tmp_path / "o"), "learning_rat": 1e-4}, "did you mean 'learning_rate'"),
-                          ({"output_dir": str(tmp_path / "afile")}, "is an existing file, not a directory")):
+                          ({"output_dir": str(tmp_path / "afile")}, "is an existing file, not a directory"),
+                          ({"output_dir": str(tmp_path / "afile" / "sub")}, "cannot be created")):
         path = tmp_path / "cfg.json"
         path.write_text(json.dumps(dict(cfg, model_name_or_path="unused", dataset_name_or_path=str(tmp_path))))
         proc = subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True, env=env,
