@@ -10,6 +10,9 @@
 - ``_flashmask_bwd_dq_kernel``: row-parallel dQ (recomputes P and dP), no atomics: bitwise reproducible; the default.
 - ``_flashmask_bwd_preprocess_kernel``: Delta and the log2 LSE in one pass over O and dO.
 
+``EVEN`` / ``TMA`` as in ``triton_fwd`` (TMA is opt-in here: ``FLASHMASK_TMA=1``, measured neutral to slower);
+``TMA_DQ`` adds the dQ tiles with TMA bulk reduce-adds (``FLASHMASK_ATOMIC_DQ=tma``).
+
 Math (natural-log LSE from the forward; log2 units inside): P = exp2(S*scale*log2e - LSE*log2e),
 dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta), Delta = rowsum(dO * O) - dLSE, dQ = scale dS K,
 dK = scale dS^T Q. Empty rows have LSE = -inf, passed here as +inf, so P = 0 and their gradients are 0.

@@ -8,6 +8,10 @@ branch-free loops keep Triton's software pipelining intact; when the unmasked bl
 (``FLO >= 0``, nearly every row of the common masks) the second loop walks that range directly instead of
 the list. Source: FlashMask v1 ``compute_attn_1rowblock_flashmask`` (PaddlePaddle/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``)
 and V3's per-m-block block list (flashmask.md §2.3-2.4).
+
+Loads: ``EVEN`` launches (S_q, S_k multiples of the tiles, D a power of two) drop every bounds predicate; with
+``TMA`` (EVEN launches on Hopper, the default for this kernel) Q, K and V come through 2-D tensor descriptors over
+``[B*S, H*D]`` (docs/kernel_notes.md, v4).
 """
 
 from __future__ import annotations
