@@ -160,7 +160,8 @@ def main(argv=None) -> dict:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:
-        fresh = trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step and training_args.do_train
+        fresh = (trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step
+                 and training_args.do_train)
         # an evaluation at the last step (eval_steps) already measured the final model
         summary["dev_loss_after"] = (trainer.last_eval[1] if fresh else trainer.evaluate())["eval_loss"]
     if chat_args.chat_after_train and not is_distributed():

@@ -6,7 +6,8 @@ first the partially masked ones (element mask from the 4 column vectors, loaded 
 unmasked ones (no mask math). Fully masked blocks are not listed, so their K/V are never loaded. Two
 branch-free loops keep Triton's software pipelining intact; when the unmasked blocks form one contiguous run
 (``FLO >= 0``, nearly every row of the common masks) the second loop walks that range directly instead of
-the list. Source: FlashMask v1 ``compute_attn_1rowblock_flashmask`` (PaddlePaddle/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``)
+the list. Source: FlashMask v1 ``compute_attn_1rowblock_flashmask`` (PaddlePaddle/flash-attention
+``csrc/flash_attn/src/flash_fwd_kernel.h``)
 and V3's per-m-block block list (flashmask.md §2.3-2.4).
 
 Loads: ``EVEN`` launches (S_q, S_k multiples of the tiles, D a power of two) drop every bounds predicate; with

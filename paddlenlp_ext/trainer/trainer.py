@@ -180,7 +180,8 @@ class Trainer:
     def create_optimizer_and_scheduler(self, max_steps: int) -> None:
         """AdamW + LR schedule (``optimization.py``); call after parallelising the model."""
         if self.optimizer is None:
-            low = sorted({str(p.dtype) for p in self.model.parameters() if p.requires_grad and p.dtype != torch.float32})
+            low = sorted({str(p.dtype) for p in self.model.parameters()
+                          if p.requires_grad and p.dtype != torch.float32})
             if low:
                 logger.warning("trainable parameters in %s: AdamW states will be kept in that dtype too; load the "
                                "model in fp32 (bf16 is applied by autocast / FSDP mixed precision)", low)
