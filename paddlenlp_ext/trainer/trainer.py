@@ -328,7 +328,7 @@ class Trainer:
             window.add(out)
             metrics_logger.step()
             if step % max(int(args.logging_steps), 1) == 0 or step == max_steps:
-                logs = window.pop(self, time.perf_counter())
+                logs = window.pop(self)
                 logs["lr"] = self.lr_scheduler.get_last_lr()[0]
                 logs["epoch"] = self.state.epoch + (self.state.micro_batches_in_epoch / per_epoch if per_epoch else 0.0)
                 total_loss, total_count = total_loss + logs.pop("_loss_sum"), total_count + logs.pop("_count")
@@ -480,7 +480,10 @@ class _Window:
     def add(self, out: dict[str, Any]) -> None:
         self.outs.append(out)
 
-    def pop(self, trainer: Trainer, now: float) -> dict[str, float]:
+    def pop(self, trainer: Trainer) -> dict[str, float]:
+        """Reduce the window's sums (the one host sync) and time it: the clock is read after the sync, so the
+        window is charged for its own device work (an earlier clock read let the host run ahead of the GPU and
+        moved the queued work into the next window, and the last window's out of ``train_runtime``)."""
         outs, self.outs = self.outs, []
         keys = sorted({k for o in outs for k in o["metrics"]})
         local = torch.stack([sum(o["loss_sum"] for o in outs).double(),
@@ -489,6 +492,7 @@ class _Window:
         values = trainer.dp.all_reduce_sum(local).tolist()
         count = float(sum(o["count"] for o in outs).item())
         tokens = int(sum(int(o["tokens"]) for o in outs))
+        now = time.perf_counter()  # after the sync above
         logs = trainer.reduce_metrics(values[0], count, dict(zip(keys, values[1:])))
         norms = [o["grad_norm"] for o in outs if o["grad_norm"] is not None]
         if norms:
