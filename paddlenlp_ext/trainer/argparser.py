@@ -80,7 +80,7 @@ def _convert_scalar(value: Any, tp, from_cli: bool) -> Any:
             return value.strip().lower() in _TRUE
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        raise ValueError(f"expected a bool (true/false), got {value!r}")
+        raise ValueError(f"expected a bool (true/false; 1/0 and yes/no also work), got {value!r}")
     if tp is int:
         if isinstance(value, bool):
             raise ValueError(f"expected an int, got bool {value!r}")
