@@ -105,8 +105,9 @@ def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
     if os.path.isfile(path):
         return {"train": [path]}
     if not os.path.isdir(path):
+        where = "" if os.path.isabs(path) else f"; relative paths are read from the current directory {os.getcwd()}"
         raise ValueError(f"dataset_name_or_path {path!r} is neither a directory nor a file "
-                         f"(built-in dataset names are not supported)")
+                         f"(built-in dataset names are not supported{where})")
     files: Dict[str, List[str]] = {}
     if os.path.isfile(os.path.join(path, "train.json")) or os.path.isfile(os.path.join(path, "dev.json")):
         for split in SPLITS:
