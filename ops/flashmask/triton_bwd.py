@@ -96,6 +96,8 @@ def _flashmask_bwd_dkdv_kernel(
 
     for g in range(0, G):
         h = hk * G + g
+        q_row = b * S_q  # TMA box coordinates of this head in the [B*S_q, H_q*D] views
+        q_col = h * D
         if TMA:
             Qh = Q
             DOh = DO
@@ -110,25 +112,22 @@ def _flashmask_bwd_dkdv_kernel(
             DQh = DQA + b * sdqb + h * sdqh
         for i in range(0, n_part):
             m = tl.load(IDX + i)
-            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs,
-                                sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D, BLOCK_M, True,
-                                CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                TMA_DQ)
+            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
+                                S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, True, CAUSAL,
+                                HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA, TMA_DQ)
         if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
             for m in range(f_lo, f_lo + n_full):
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
-                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D,
-                                    BLOCK_M, False,
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos,
+                                    sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, False,
                                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                TMA_DQ)
+                                    TMA_DQ)
         else:
             for i in range(n_part, n_part + n_full):
                 m = tl.load(IDX + i)
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
-                                    sqs, sdos, sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, b * S_q, h * D,
-                                    BLOCK_M, False,
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos,
+                                    sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, False,
                                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                TMA_DQ)
+                                    TMA_DQ)
 
     _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)

@@ -147,12 +147,13 @@ def _even(s_rows: int, s_cols: int, block_rows: int, block_cols: int, d: int, d_
     return s_rows % block_rows == 0 and s_cols % block_cols == 0 and d == d_pad
 
 
-def _tma_enabled(t: torch.Tensor, kernel: str) -> bool:
-    """TMA (tensor-descriptor) loads for ``kernel`` ("fwd" or "bwd") on a Hopper-or-newer GPU (or the CPU
-    interpreter, for the tests). ``FLASHMASK_TMA``: unset or ``fwd`` = forward only (H200 A/B: forward 9-16 %
-    faster at D=128, the backward mixed, -5 % to +27 %; docs/kernel_notes.md v4), ``1`` = every kernel, ``0`` = none."""
+def _tma_enabled(t: torch.Tensor, use: str) -> bool:
+    """TMA on a Hopper-or-newer GPU (or the CPU interpreter, for the tests) for ``use``: "fwd" / "bwd" (tensor
+    descriptor loads of that pass) or "dq_reduce" (``FLASHMASK_ATOMIC_DQ=tma``, asked for explicitly).
+    ``FLASHMASK_TMA``: unset or ``fwd`` = forward loads only (H200 A/B: forward 7-9 % faster at D=128, backward
+    loads -3 % to +27 %; docs/kernel_notes.md v4), ``1`` = everywhere, ``0`` = nowhere."""
     mode = _env_choice("FLASHMASK_TMA", "fwd", ("fwd", "1", "0"))
-    if mode == "0" or (mode == "fwd" and kernel not in ("fwd", "any")):
+    if mode == "0" or (mode == "fwd" and use == "bwd"):
         return False
     return _interpreting() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
 
@@ -232,20 +233,16 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     atomic = not deterministic and dq_mode in ("1", "tma")
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
     even = _even(s_q, s_k, bm, bn, d, d_pad)
-    tma_dq = False
-    if atomic:
-        # (the CPU interpreter has no descriptor reduce: thread atomics there)
-        if dq_mode == "tma" and even and not _interpreting() and _tma_enabled(q, "any"):
-            dqa = torch.zeros(b, s_q, h_q, d, dtype=torch.float32, device=q.device)  # q's layout, unscaled
-            dqa_arg = _tma_2d(dqa, bm)
-            tma_dq = dqa_arg is not None
-        if not tma_dq:  # unscaled fp32 dQ accumulator [B, H_q, S_q, D]
-            dqa = torch.zeros(b, h_q, s_q, d, dtype=torch.float32, device=q.device)
-            dqa_arg = dqa
-        sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1)) if not tma_dq else (0, 0, 0)  # (batch, seq, head)
-    else:
-        dqa = dqa_arg = lse  # unused
-        sdq = (0, 0, 0)
+    dqa = dqa_arg = lse  # placeholders when dQ has its own kernel
+    sdq, tma_dq = (0, 0, 0), False
+    # (the CPU interpreter has no descriptor reduce: thread atomics there)
+    if atomic and dq_mode == "tma" and even and not _interpreting() and _tma_enabled(q, "dq_reduce"):
+        dqa = torch.zeros(b, s_q, h_q, d, dtype=torch.float32, device=q.device)  # q's layout, unscaled
+        dqa_arg = _tma_2d(dqa, bm)
+        tma_dq = dqa_arg is not None
+    if atomic and not tma_dq:  # unscaled fp32 dQ accumulator [B, H_q, S_q, D] for thread atomics
+        dqa = dqa_arg = torch.zeros(b, h_q, s_q, d, dtype=torch.float32, device=q.device)
+        sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1))  # (batch, seq, head) like q's
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
     (q_, do_), tma = _operands("bwd", even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
     _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),

@@ -181,7 +181,7 @@ def _store(ptrs, x, mask, EVEN: tl.constexpr):
 @triton.jit
 def _load_mask_cols(cols, S_k, LTS, LTE, UTS, UTE,
                     HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
-                    EVEN: tl.constexpr = False):
+                    EVEN: tl.constexpr):
     """The 4 mask vectors at ``cols`` (any shape); absent ones come back as a dummy 0 (never read)."""
     lts = 0
     lte = 0
@@ -223,7 +223,7 @@ def _masked_from_cols(rows, cols, S_k, lts, lte, uts, ute,
 @triton.jit
 def _elem_masked(rows, cols, S_k, LTS, LTE, UTS, UTE,
                  CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-                 HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, EVEN: tl.constexpr = False):
+                 HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, EVEN: tl.constexpr):
     """Element mask of a tile; ``rows`` and ``cols`` broadcast against each other ([M,1]x[1,N] or transposed).
 
     Vector pointers are already offset to the (batch, mask head) row. Columns past S_k count as masked.
