@@ -96,9 +96,12 @@ def keep_final_model(result: dict, output_dir: str, lora: bool = False) -> bool:
     already holds a final model (``model.safetensors`` / its index, or ``adapter_model.safetensors`` for LoRA):
     saving again would overwrite it with the checkpoint's weights, which may be older (a run trained further
     before, with a larger ``max_steps``). Logs a warning when it keeps the model."""
-    if result.get("train_loss") is not None or result.get("train_runtime"):
-        return False  # this call trained: save
-    names = ("adapter_model.safetensors",) if lora else ("model.safetensors", "model.safetensors.index.json")
+    if result.get("train_runtime"):  # > 0 exactly when a step ran in this call: save
+        return False
+    from paddlenlp_ext.peft.lora import ADAPTER_WEIGHTS_NAME
+    from paddlenlp_ext.transformers.model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    names = (ADAPTER_WEIGHTS_NAME,) if lora else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
     found = [n for n in names if os.path.isfile(os.path.join(output_dir, n))]
     if found:
         logger.warning("nothing trained in this run: the final model already in %s (%s) is kept, not overwritten "
