@@ -320,7 +320,7 @@ def prepare(sp: dict, args, info: dict, packs, device, recompute: bool, n_groups
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
     amp = torch.autocast(device.type, dtype=torch.bfloat16)
     # O2: the trainer's MasterWeights; its optimizer hook marks the bf16 copies stale after every opt.step()
-    master = MasterWeights(model, torch.bfloat16, opt) if sp.get("amp", "o1") == "o2" else None
+    master = MasterWeights(model, torch.bfloat16, opt) if sp["amp"] == "o2" else None
 
     def step(b):
         with (master.compute() if master is not None else contextlib.nullcontext()):
@@ -342,7 +342,7 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
 
     ``sp``: a setup name or :func:`parse_setup` dict."""
     if isinstance(sp, str):
-        sp = parse_setup(sp, args.loss, args.fused, getattr(args, "amp", "o1"))
+        sp = parse_setup(sp, args.loss, args.fused, args.amp)
     _free(device)
     attn = BACKENDS.get(sp["base"])
     try:
@@ -372,7 +372,7 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
         res = dict(status="ok", tokens_per_s=tokens / secs, mfu=flops / secs / PEAK_BF16_FLOPS, seconds=secs,
                    timed_tokens=tokens, timed_batches=n_batches, params=n_mm, params_trained=n_train,
                    attn_pairs=pairs, model_tflops=flops / secs / 1e12, loss=sp["loss"], fused=sp["fused"],
-                   amp=sp.get("amp", "o1"),
+                   amp=sp["amp"],
                    final_loss=float(last) if last is not None else None, warmup_seconds=t0 - t_first)
         if sp["base"] in DPO:
             res.update(pref_pairs=n_pref, pairs_per_s=n_pref / secs)

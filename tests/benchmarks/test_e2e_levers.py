@@ -1,20 +1,8 @@
 """benchmarks/e2e_train.py levers and rows added for issue 8: loss / fused-op switches per setup, ``--profile``,
 the DPO rows, ``--model llama8b_lora`` and ``--model ernie3b``; each a ``--tiny`` run on CPU."""
 
-import importlib.util
-import pathlib
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def e2e():
-    spec = importlib.util.spec_from_file_location("e2e_train_levers", ROOT / "benchmarks" / "e2e_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(e2e, *extra):

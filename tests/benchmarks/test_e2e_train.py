@@ -1,23 +1,10 @@
 """benchmarks/e2e_train.py: its attention backends equal the FlashMask reference, and a --tiny run on CPU trains
 every CPU-capable setup on the same tokens."""
 
-import importlib.util
 import json
-import pathlib
 
-import pytest
 import torch
 from flashmask.reference import flashmask_attention_reference
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def e2e():
-    spec = importlib.util.spec_from_file_location("e2e_train", ROOT / "benchmarks" / "e2e_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _packed_qkv(seed=0):
