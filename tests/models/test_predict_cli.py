@@ -22,12 +22,18 @@ def _load_predict():
     return mod
 
 
-def test_predict_prompt_prints_the_chat_reply(tmp_path, capsys):
+def _save_tiny_with_tokenizer(out):
+    """A tiny random Llama with SmolLM2's vocabulary saved to ``out`` with the SmolLM2 tokenizer files."""
     tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # converted once, cached
     model = tiny_model(vocab_size=49152, tie_word_embeddings=True)
-    model.save_pretrained(tmp_path / "m")
+    model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(os.path.join(tok_dir, name), tmp_path / "m" / name)
+        shutil.copy(os.path.join(tok_dir, name), out / name)
+    return model
+
+
+def test_predict_prompt_prints_the_chat_reply(tmp_path, capsys):
+    model = _save_tiny_with_tokenizer(tmp_path / "m")
     rc = _load_predict().main(["--model_name_or_path", str(tmp_path / "m"), "--prompt", "Hello there",
                                "--max_new_tokens", "6", "--num_threads", str(torch.get_num_threads())])
     out = capsys.readouterr()
@@ -41,11 +47,7 @@ def test_predict_on_a_lora_output_directory(tmp_path, capsys):
     adapter_config.json, merges the adapter and answers like the base + adapter model."""
     from paddlenlp_ext.peft import apply_lora, save_lora
 
-    tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
-    base = tiny_model(vocab_size=49152, tie_word_embeddings=True)
-    base.save_pretrained(tmp_path / "base")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(os.path.join(tok_dir, name), tmp_path / "base" / name)
+    base = _save_tiny_with_tokenizer(tmp_path / "base")
     model = apply_lora(base, {"lora_rank": 4})
     torch.manual_seed(1)
     with torch.no_grad():  # a non-zero adapter, so merging it changes the answer's logits
