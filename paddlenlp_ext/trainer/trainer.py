@@ -80,7 +80,7 @@ class Trainer:
         self.dp = DataParallelView.from_parallel_dims(parallel_dims)
         self.device = self._pick_device()
         self.master_weights: MasterWeights | None = None  # built at the first forward_backward under O2
-        self.amp_dtype = self._pick_precision()
+        self.precision, self.amp_dtype = self._pick_precision()
         self.state = TrainerState()
         self.optimizer = self.lr_scheduler = None
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (global_step, metrics) of the latest evaluate()
@@ -100,12 +100,12 @@ class Trainer:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def _pick_precision(self) -> torch.dtype | None:
-        """Set ``self.precision`` (``mixed_precision.precision_mode``) and log it; returns the autocast dtype."""
+    def _pick_precision(self) -> tuple[str, torch.dtype | None]:
+        """``(mode, autocast dtype)``: ``mixed_precision.precision_mode`` for these args and model, logged."""
         if bool(getattr(self.args, "fp16", False)) and self.device.type == "cuda":
             logger.warning("fp16 is not supported (no loss scaling here); computing in bf16 instead")
-        self.precision, reason = precision_mode(self.args, self.device, self.model)
-        if reason and self.precision != "fp32":
+        mode, reason = precision_mode(self.args, self.device, self.model)
+        if reason and mode != "fp32":
             logger.warning("%s", reason)
         lines = {"fp32": "fp32 on %s" + (f" ({reason})" if reason else ""),
                  "o1": "O1: bf16 autocast on %s, fp32 parameters, gradients and AdamW states",
@@ -113,8 +113,8 @@ class Trainer:
                        "states (MasterWeights), bf16 autocast on %s",
                  "o2_fsdp": "O2 under FSDP: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) with fp32 "
                             "sharded master weights, bf16 autocast on %s"}
-        logger.info("precision: " + lines[self.precision], self.device)
-        return None if self.precision == "fp32" else torch.bfloat16
+        logger.info("precision: " + lines[mode], self.device)
+        return mode, (None if mode == "fp32" else torch.bfloat16)
 
     def _compute_context(self):
         """Around a forward AND its backward: ``MasterWeights.compute()`` under O2, else nothing."""
