@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME
+from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE
 from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp_ext.transformers.generation import chat
 
@@ -49,10 +51,10 @@ def load_model_and_tokenizer(path: str, dtype: str):
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing.
     """
-    if os.path.isdir(os.path.join(path, "distcp")):
+    if os.path.isfile(os.path.join(path, TRAINER_STATE)):
         raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
                          "directory: pass the run's output_dir (its final model), or resume training from it")
-    adapter_cfg = os.path.join(path, "adapter_config.json")
+    adapter_cfg = os.path.join(path, ADAPTER_CONFIG_NAME)
     if os.path.isfile(adapter_cfg) and not os.path.isfile(os.path.join(path, "config.json")):
         from paddlenlp_ext.peft import load_lora, merge_lora
 
