@@ -338,13 +338,13 @@ class Trainer:
             epoch_done = self.state.epoch != epoch_before or step == max_steps
             if self._due(getattr(args, "evaluation_strategy", "no"), args.eval_steps or args.logging_steps,
                          step, epoch_done) and self.eval_dataset is not None:
-                eval_metrics = self.evaluate(log=False)
+                with window.paused():  # eval time stays out of tokens/s and train_runtime
+                    eval_metrics = self.evaluate(log=False)
                 self.state.log_history.append({"step": step, **eval_metrics})
                 metrics_logger.log(eval_metrics, step, prefix="eval")
-                window.t0 = time.perf_counter()  # keep eval time out of tokens/s
             if self._due(getattr(args, "save_strategy", "steps"), args.save_steps, step, epoch_done):
-                self.save_checkpoint()
-                window.t0 = time.perf_counter()
+                with window.paused():
+                    self.save_checkpoint()
         metrics_logger.close()
         # train_runtime: time inside optimizer steps (eval and checkpoint writes excluded)
         # None (not 0.0) when this call trained nothing (a resumed run already at max_steps)
@@ -472,13 +472,31 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Window:
-    """Device-side sums of the steps since the last log; one host sync per log."""
+    """Device-side sums of the steps since the last log; one host sync per log.
+
+    Its clock runs from the previous log to this one, less the time spent in :meth:`paused` blocks (eval,
+    checkpoint writes) that fall inside the window.
+    """
 
     def __init__(self, device):
         self.device, self.outs, self.t0 = device, [], time.perf_counter()
 
     def add(self, out: dict[str, Any]) -> None:
         self.outs.append(out)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Stop the window's clock for the block. The device is synchronised first, so the training work still
+        queued from this window's steps is charged to the window and not to the pause. (Restarting the clock
+        after an eval instead, as before, dropped the earlier steps' time but kept their tokens: the window
+        after a mid-window eval read 2x too fast, 135K-182K tokens/s on an H200 for a 1B model.)"""
+        if self.device is not None and torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.t0 += time.perf_counter() - start
 
     def pop(self, trainer: Trainer) -> dict[str, float]:
         """Reduce the window's sums (the one host sync) and time it: the clock is read after the sync, so the

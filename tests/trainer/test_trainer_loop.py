@@ -181,3 +181,25 @@ def test_trainer_publishes_step_and_replica_rank(make_args, tiny_model, monkeypa
                         lambda micro: (seen.append(os.environ["TRAINER_GLOBAL_STEP"]), real_step(micro))[1])
     trainer.train()
     assert seen == ["0", "1", "2"]
+
+
+def test_window_clock_excludes_mid_window_eval_and_save(make_args, tiny_model):
+    """tokens/s and train_runtime count every step of a window, and no eval or checkpoint time, also when the
+    eval and the save fall inside a logging window (before, the clock restarted there and the window's earlier
+    steps were dropped from the time but not from the tokens)."""
+    import time
+
+    ds = PackDataset(8)
+    t = Trainer(tiny_model(), make_args(max_steps=4, logging_steps=4, evaluation_strategy="steps", eval_steps=2,
+                                        save_strategy="steps", save_steps=3), train_dataset=ds, eval_dataset=ds)
+    step_s, pause_s = 0.15, 0.4
+    orig_step, orig_eval, orig_save = t.training_step, t.evaluate, t.save_checkpoint
+    t.training_step = lambda micro: (time.sleep(step_s), orig_step(micro))[1]
+    t.evaluate = lambda *a, **k: (time.sleep(pause_s), orig_eval(*a, **k))[1]
+    t.save_checkpoint = lambda: (time.sleep(pause_s), orig_save())[1]
+    out = t.train()
+    # one window of 4 steps, with an eval after step 2 and a save after step 3 inside it
+    assert [h["step"] for h in t.state.log_history if "tokens_per_sec" in h] == [4]
+    assert 4 * step_s <= out["train_runtime"] < 4 * step_s + pause_s
+    window = next(h for h in t.state.log_history if "tokens_per_sec" in h)
+    assert window["tokens_per_sec"] == pytest.approx(out["tokens_per_sec"], rel=1e-9)
