@@ -120,11 +120,13 @@ def _rounds_chat(messages: List[dict], tokenizer, template: str, context: dict,
     return [], rounds, ids[start_tok:]
 
 
-def _truncate(system: List[int], rounds, src_length: int, max_length: int):
+def _truncate(system: List[int], rounds, src_length: int, max_length: int, cut_last: bool = True):
     """Keep the newest whole turns that fit in ``max_length`` tokens (before the shift); cut the last turn
-    alone if it does not fit: its user part keeps its first ``src_length - len(system)`` tokens and the answer
-    keeps what is left (losing its end token). Returns ``(rounds_kept, truncated_flag)``.
-    Source: PaddleNLP ``tokenize_rounds_example``."""
+    alone if it does not fit and ``cut_last``: its user part keeps its first ``src_length - len(system)`` tokens
+    and the answer keeps what is left (losing its end token). Returns the kept rounds (empty when nothing fits).
+    Source: PaddleNLP ``tokenize_rounds_example``. With a chat template (``cut_last=False``) a cut would remove
+    the template's end-of-user and assistant-header tokens and glue the answer to the cut question, so a newest
+    turn that does not fit whole drops the example instead (counted by :func:`tokenize_sft_examples`)."""
     budget = max_length - len(system)
     kept, total = [], 0
     for idx in range(len(rounds) - 1, -1, -1):
@@ -133,7 +135,7 @@ def _truncate(system: List[int], rounds, src_length: int, max_length: int):
             kept.insert(0, (user, bot))
             total += len(user) + len(bot)
             continue
-        if idx == len(rounds) - 1:
+        if idx == len(rounds) - 1 and cut_last:
             user = user[: max(src_length - len(system), 0)]
             bot = bot[: max(budget - len(user), 0)]
             kept.insert(0, (user, bot))
@@ -157,9 +159,11 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
             string.
 
     Truncation (PaddleNLP): whole turns are kept from the newest backwards while they fit; the first older
-    turn that does not fit stops it (older turns are dropped). If the newest turn alone does not fit, its
-    user part keeps its head (``src_length`` tokens) and the answer keeps the first
-    ``max_length - len(user)`` tokens, losing its end token.
+    turn that does not fit stops it (older turns are dropped). If the newest turn alone does not fit: without
+    a template its user part keeps its head (``src_length`` tokens) and the answer keeps the first
+    ``max_length - len(user)`` tokens, losing its end token (PaddleNLP); with a template the example is
+    dropped (a cut would break the chat format: the answer would follow the cut question with no assistant
+    header).
 
     Returns:
         ``{"input_ids", "labels", "position_ids", "attn_mask_startend_row_indices"}`` (lists of int, length T),
@@ -174,7 +178,7 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
         system, rounds, _ = _rounds_chat(messages, tokenizer, template, dict(example.get("context") or {}))
     else:
         system, rounds = [], _rounds_plain(src, tgt, tokenizer, src_length)
-    kept = _truncate(system, rounds, src_length, max_length)
+    kept = _truncate(system, rounds, src_length, max_length, cut_last=not template)
     ids, labels = list(system), [IGNORE_INDEX] * len(system)
     for user, bot in kept:
         ids += user + bot

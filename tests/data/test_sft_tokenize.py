@@ -86,6 +86,19 @@ def test_unfittable_examples_are_dropped_and_counted(stub_chat_tok, caplog):
     assert "dropped 1 of 2 SFT examples" in caplog.text
 
 
+def test_chat_template_never_cuts_a_turn(stub_chat_tok, caplog):
+    """With a template, a newest turn that does not fit whole drops the example (a cut would remove the
+    end-of-user and assistant-header tokens and glue the answer to the cut question); the plain path keeps
+    PaddleNLP's cut."""
+    ex = {"src": ["a b c d e f g h i j"], "tgt": ["x"]}
+    assert tokenize_sft_example(ex, stub_chat_tok, 6, 12) is None
+    with caplog.at_level(logging.WARNING):
+        assert list(tokenize_sft_examples([ex], stub_chat_tok, 6, 12)) == []
+    assert "dropped 1 of 1 SFT examples" in caplog.text
+    plain = tokenize_sft_example(ex, stub_chat_tok, 6, 12, chat_template=None)
+    assert plain is not None and toks(stub_chat_tok, plain["input_ids"])[:2] == ["<s>", "a"]
+
+
 def test_smollm2_chat_template_multi_turn_labels():
     """Real SmolLM2 tokenizer and ChatML template (with its default system prompt)."""
     tok = smollm2_tokenizer()
