@@ -334,9 +334,10 @@ def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | 
 
     Keys are ``base_model.model.<module>.lora_{A,B}.weight`` (PEFT's names for adapter "default"); tensors keep the
     adapter dtype (fp32 by default). ``base_model_name_or_path`` defaults to ``model.config._name_or_path`` or
-    ``model.config.name_or_path`` when present. ``state_dict`` (our module names) replaces the model's own
-    adapter tensors, e.g. adapters gathered whole from FSDP/TP shards; keys other than ``lora_A``/``lora_B``
-    are dropped.
+    ``model.config.name_or_path`` when present. The directory is written atomically (a temporary sibling
+    directory, then rename: ``paddlenlp_ext.transformers.model_utils.atomic_save_dir``, as ``save_pretrained``).
+    ``state_dict`` (our module names) replaces the model's own adapter tensors, e.g. adapters gathered whole from
+    FSDP/TP shards; keys other than ``lora_A``/``lora_B`` are dropped.
 
     Raises:
         ValueError: the model (or ``state_dict``) has no LoRA tensors.
@@ -350,17 +351,19 @@ def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | 
         if not sd:
             raise ValueError("save_lora: state_dict holds no lora_A/lora_B tensors (call apply_lora first)")
     cfg = getattr(model, "lora_config", None) or _infer_config(model)
+    from paddlenlp_ext.transformers.model_utils import atomic_save_dir
+
     if base_model_name_or_path is None:
         mcfg = getattr(model, "config", None)
         base_model_name_or_path = getattr(mcfg, "_name_or_path", None) or getattr(mcfg, "name_or_path", None)
-    os.makedirs(output_dir, exist_ok=True)
     tensors = {_PEFT_PREFIX + k: v.contiguous().cpu() for k, v in sd.items()}
-    save_file(tensors, os.path.join(output_dir, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
     conf = _peft_config_dict(model, cfg, base_model_name_or_path)
-    with open(os.path.join(output_dir, ADAPTER_CONFIG_NAME), "w") as f:
-        json.dump(conf, f, indent=2, sort_keys=True)
-    for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):  # safetensors writes 0600; make it shareable
-        os.chmod(os.path.join(output_dir, name), 0o644)
+    # Written into a temporary sibling directory, then renamed into place (files 0644): a kill mid-save never
+    # leaves a truncated adapter under its final name (same writer as ``save_pretrained``).
+    with atomic_save_dir(output_dir) as tmp:
+        save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+        with open(os.path.join(tmp, ADAPTER_CONFIG_NAME), "w") as f:
+            json.dump(conf, f, indent=2, sort_keys=True)
 
 
 def _infer_config(model: nn.Module) -> LoRAConfig:

@@ -259,3 +259,37 @@ def test_paddlenlp_flashmask_lora_config_gives_paddlenlp_scaling():
         m = apply_lora(hf_tiny_llama(), model_args)
         wrapped = {n.rsplit(".", 1)[-1] for n, x in m.named_modules() if isinstance(x, LoRALinear)}
         assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def test_save_is_atomic_a_failed_save_keeps_the_previous_adapter(tmp_path, monkeypatch):
+    """A save killed mid-write (here: save_file writes half the bytes, then raises) leaves the earlier adapter
+    under the final names intact and no temporary directory behind."""
+    import safetensors.torch
+
+    out = tmp_path / "adapter"
+    model = randomize_adapters(apply_lora(hf_tiny_llama(), {"lora_rank": 2}))
+    save_lora(model, str(out), base_model_name_or_path="base")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_save = safetensors.torch.save_file
+
+    def killed_save(tensors, filename, metadata=None):
+        real_save(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:  # a truncated file under whatever name the writer chose
+            f.truncate(100)
+        raise KeyboardInterrupt("killed mid-save")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_save)
+    randomize_adapters(model, seed=7)
+    with pytest.raises(KeyboardInterrupt):
+        save_lora(model, str(out), base_model_name_or_path="base")
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert after == before
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"]  # the temporary sibling is removed
+    monkeypatch.undo()
+    load_lora(hf_tiny_llama(), str(out))  # still a complete adapter
+    fresh = tmp_path / "fresh"
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_lora(model, str(fresh))
+    assert not fresh.exists()  # a new directory appears only complete
+
