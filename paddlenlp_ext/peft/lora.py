@@ -334,8 +334,10 @@ def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | 
 
     Keys are ``base_model.model.<module>.lora_{A,B}.weight`` (PEFT's names for adapter "default"); tensors keep the
     adapter dtype (fp32 by default). ``base_model_name_or_path`` defaults to ``model.config._name_or_path`` or
-    ``model.config.name_or_path`` when present. The directory is written atomically (a temporary sibling
-    directory, then rename: ``paddlenlp_ext.transformers.model_utils.atomic_save_dir``, as ``save_pretrained``).
+    ``model.config.name_or_path`` when present; an existing local directory is stored as its absolute path (hub
+    ids and other paths as given), so ``llm/predict.py`` finds the base from any working directory. The
+    directory is written atomically (a temporary sibling directory, then rename:
+    ``paddlenlp_ext.transformers.model_utils.atomic_save_dir``, as ``save_pretrained``).
     ``state_dict`` (our module names) replaces the model's own adapter tensors, e.g. adapters gathered whole from
     FSDP/TP shards; keys other than ``lora_A``/``lora_B`` are dropped.
 
@@ -357,13 +359,21 @@ def save_lora(model: nn.Module, output_dir: str, base_model_name_or_path: str | 
         mcfg = getattr(model, "config", None)
         base_model_name_or_path = getattr(mcfg, "_name_or_path", None) or getattr(mcfg, "name_or_path", None)
     tensors = {_PEFT_PREFIX + k: v.contiguous().cpu() for k, v in sd.items()}
-    conf = _peft_config_dict(model, cfg, base_model_name_or_path)
+    conf = _peft_config_dict(model, cfg, _absolute_if_local_dir(base_model_name_or_path))
     # Written into a temporary sibling directory, then renamed into place (files 0644): a kill mid-save never
     # leaves a truncated adapter under its final name (same writer as ``save_pretrained``).
     with atomic_save_dir(output_dir) as tmp:
         save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
         with open(os.path.join(tmp, ADAPTER_CONFIG_NAME), "w") as f:
             json.dump(conf, f, indent=2, sort_keys=True)
+
+
+def _absolute_if_local_dir(path: str | None) -> str | None:
+    """An existing local directory as its absolute path (so the adapter finds its base from any working
+    directory); hub-style ids and paths that do not exist are kept as given."""
+    if path and os.path.isdir(path):
+        return os.path.abspath(path)
+    return path
 
 
 def _infer_config(model: nn.Module) -> LoRAConfig:

@@ -293,3 +293,17 @@ def test_save_is_atomic_a_failed_save_keeps_the_previous_adapter(tmp_path, monke
         save_lora(model, str(fresh))
     assert not fresh.exists()  # a new directory appears only complete
 
+
+def test_saved_base_path_is_absolute_for_local_dirs(tmp_path, monkeypatch):
+    """adapter_config.json names an existing local base directory by its absolute path, so the adapter loads
+    from any working directory; hub ids and non-existing paths are kept as given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints" / "base_sft").mkdir(parents=True)
+    model = apply_lora(hf_tiny_llama(), {"lora_rank": 2})
+    cases = {"checkpoints/base_sft": str(tmp_path / "checkpoints" / "base_sft"),
+             "HuggingFaceTB/SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+             "not/here": "not/here"}
+    for i, (given, stored) in enumerate(cases.items()):
+        save_lora(model, f"out{i}", base_model_name_or_path=given)
+        conf = json.loads((tmp_path / f"out{i}" / "adapter_config.json").read_text())
+        assert conf["base_model_name_or_path"] == stored
