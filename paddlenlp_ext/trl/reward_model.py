@@ -4,11 +4,14 @@ Source: PaddleNLP ``llm/alignment/rm/reward_model.py`` (``LlamaModelForScore``: 
 ``score_head = Linear(hidden, 1, bias=False)``, score read at each response's last token, loss
 ``-log sigmoid(s_c - s_r)``). Ours names the head ``score`` (Hugging Face ``LlamaForSequenceClassification``'s
 name, ``num_labels = 1``), so ``transformers.AutoModelForSequenceClassification.from_pretrained(dir)`` loads a
-saved reward model and scores a single sequence the same (HF reads the last non-pad token).
+saved reward model. HF reads the score at each row's last non-pad token, ours at the response's end token: the two
+agree for a text that ends at that token (``<|im_end|>``, without the chat template's trailing newline); the
+exported ``pad_token_id`` is never an eos id, so padded batches score the same (:func:`export_pad_token_id`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -103,11 +106,15 @@ class LlamaForScore(nn.Module):
         model.load_state_dict({**trunk, "score.weight": score}, strict=True, assign=True)
         return model.eval()
 
-    def save_pretrained(self, save_dir: str, dtype=None, state_dict: dict | None = None) -> None:
-        """Write a Hugging Face ``LlamaForSequenceClassification`` directory (``num_labels = 1``).
+    def save_pretrained(self, save_dir: str, dtype=None, state_dict: dict | None = None, tokenizer=None) -> None:
+        """Write a Hugging Face ``LlamaForSequenceClassification`` directory (``num_labels = 1``), atomically.
 
         Weights: the trunk's ``model.*`` and ``score.weight`` (``[1, hidden]``); no ``lm_head``. ``state_dict``
-        replaces ``self.state_dict()`` (a gathered full state dict under FSDP).
+        replaces ``self.state_dict()`` (a gathered full state dict under FSDP). ``config.json`` gets the
+        ``pad_token_id`` chosen by :func:`export_pad_token_id` (never an end-of-sequence id, since the score is
+        read at the response's end token and HF scores the last non-pad token). With ``tokenizer`` (a HF
+        tokenizer) it is saved too, its pad token set to that id, so ``tokenizer(texts, padding=True)`` pads
+        with the token HF skips.
         """
         dtype = to_torch_dtype(dtype)
         sd = self.state_dict() if state_dict is None else state_dict
@@ -118,17 +125,42 @@ class LlamaForScore(nn.Module):
                     "problem_type": "regression"})
         first = next(v for v in sd.values() if v.is_floating_point())
         cfg["torch_dtype"] = str(first.dtype).replace("torch.", "")
-        # HF scores at the last token that is not pad_token_id. Our score is read at the response's end token
-        # (often eos, which Llama/SmolLM2 also use as pad), so a pad equal to an eos id is dropped: HF then
-        # scores the last token of a single (unpadded) sequence, exactly as here.
-        eos = cfg.get("eos_token_id")
-        eos_ids = set(eos) if isinstance(eos, list) else {eos}
-        if cfg.get("pad_token_id") in eos_ids:
-            cfg["pad_token_id"] = None
+        cfg["pad_token_id"] = export_pad_token_id(cfg, tokenizer)
+        if not hasattr(tokenizer, "save_pretrained"):  # None, or a stub without files to write
+            tokenizer = None
+        if tokenizer is not None and cfg["pad_token_id"] is not None and tokenizer.pad_token_id != cfg["pad_token_id"]:
+            tokenizer = copy.deepcopy(tokenizer)  # the caller's tokenizer (used in training) keeps its pad
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(cfg["pad_token_id"])
         with atomic_save_dir(save_dir) as tmp:
             save_state_dict(sd, tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
             write_json(os.path.join(tmp, CONFIG_NAME), cfg)
 
+
+def export_pad_token_id(config: dict, tokenizer=None) -> int | None:
+    """The ``pad_token_id`` written into an exported reward model's ``config.json``.
+
+    HF ``*ForSequenceClassification`` scores each row at its last token that is not ``pad_token_id`` (and refuses
+    batches larger than 1 without one); ours is read at the response's end token (eos, ``<|im_end|>`` under
+    ChatML). So the pad must exist and must not be an end-of-sequence id: the first of the base config's
+    ``pad_token_id``, the tokenizer's pad id, its unk id, ``bos_token_id`` that is not an eos id (config's or
+    tokenizer's); None if none qualifies (HF then scores only one unpadded sequence at a time). SmolLM2 (pad =
+    eos = ``<|im_end|>``) gets its unk ``<|endoftext|>``.
+
+    Args:
+        config: the model's config dict (``pad_token_id``, ``eos_token_id`` int or list, ``bos_token_id``).
+        tokenizer: optional HF tokenizer (``pad_token_id``, ``unk_token_id``, ``eos_token_id``).
+    """
+    eos = config.get("eos_token_id")
+    eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    tok = (lambda k: getattr(tokenizer, k, None)) if tokenizer is not None else (lambda k: None)
+    eos_ids.add(tok("eos_token_id"))
+    for cand in (config.get("pad_token_id"), tok("pad_token_id"), tok("unk_token_id"), config.get("bos_token_id"),
+                 tok("bos_token_id")):
+        if isinstance(cand, int) and cand not in eos_ids:
+            return cand
+    return None
 
 def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
     """Per-pair loss ``-log sigmoid(s_c - s_r)``, float ``[N]`` (PaddleNLP ``LlamaModelForScore`` loss)."""

@@ -32,3 +32,13 @@ class RewardTrainer(Trainer):
             metrics = {"accuracy": (s_c > s_r).float().sum(), "chosen_score": s_c.sum(),
                        "rejected_score": s_r.sum(), "margin": (s_c - s_r).sum()}
         return loss.sum(), s_c.shape[0], metrics
+
+    def save_model(self, output_dir: str | None = None) -> str:
+        """One process: :meth:`LlamaForScore.save_pretrained` with the tokenizer, so the exported config's
+        ``pad_token_id`` and the saved tokenizer's pad agree (see ``export_pad_token_id``). Distributed: the
+        base ``Trainer.save_model``."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return super().save_model(output_dir)
+        output_dir = output_dir or self.args.output_dir
+        self.model.save_pretrained(output_dir, tokenizer=self.tokenizer)
+        return output_dir

@@ -54,6 +54,8 @@ def test_run_reward_tiny_and_hf_loads_it(tiny, tmp_path):
         summary["dev_after"]["eval_accuracy"] == 1.0
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["architectures"] == ["LlamaForSequenceClassification"] and cfg["num_labels"] == 1
+    # base pad = eos = <|im_end|> (the score token): the export pads with the tokenizer's <pad> instead
+    assert cfg["pad_token_id"] == 0  # "<pad>" of tests/trl/_tiny.py (not null: transformers batch scoring works)
 
     import transformers
 
