@@ -1,0 +1,93 @@
+"""Merge a trained LoRA adapter into its base model and save a full Hugging Face model directory.
+
+Counterpart of PaddleNLP's ``llm/tools/merge_lora_params.py``. Usage:
+
+    python llm/merge_lora_params.py --lora_path ./checkpoints/smollm2_lora --output_path ./checkpoints/smollm2_merged
+    python llm/merge_lora_params.py --lora_path <adapter dir> --model_name_or_path <base> --output_path <dir>
+
+``--lora_path`` is a PEFT adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``, as a
+``lora: true`` run writes). The base defaults to the adapter's ``base_model_name_or_path``. The merge is the one of
+``merge_weights: true`` (``paddlenlp_ext.peft.load_lora`` + ``merge_lora``: ``W + scaling * B @ A`` folded in fp32,
+rounded once to the base dtype); the output (``config.json``, safetensors, tokenizer files of the adapter
+directory, else of the base) is written atomically: a temporary sibling directory, then rename.
+Differences from PaddleNLP: no ``--device``/``--low_gpu_mem`` (merging runs on CPU); ``--dtype`` picks the dtype
+the base is loaded, merged and saved in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lora_path", required=True, help="PEFT adapter directory (adapter_config.json + weights)")
+    p.add_argument("--model_name_or_path", default=None,
+                   help="base model (local HF directory or the embedded SmolLM2 name); default: the adapter's "
+                        "base_model_name_or_path")
+    p.add_argument("--output_path", required=True, help="directory for the merged model (must not be --lora_path)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16: load, merge and save dtype")
+    return p.parse_args(argv)
+
+
+def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
+    """The base model: ``model_name_or_path`` if given, else ``base_model_name_or_path`` of the adapter.
+
+    Raises:
+        FileNotFoundError: ``lora_path`` is not an adapter directory (names the missing file).
+        ValueError: no base given and the adapter names none.
+    """
+    if not os.path.isdir(lora_path):
+        raise FileNotFoundError(f"--lora_path {lora_path}: no such directory (a LoRA run's output_dir holding "
+                                f"{ADAPTER_CONFIG_NAME} and {ADAPTER_WEIGHTS_NAME})")
+    for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
+        if not os.path.isfile(os.path.join(lora_path, name)):
+            raise FileNotFoundError(f"--lora_path {lora_path}: {name} not found; it is not a LoRA adapter directory "
+                                    "(train with lora: true, or pass the run's output_dir)")
+    if model_name_or_path:
+        return model_name_or_path
+    cfg_path = os.path.join(lora_path, ADAPTER_CONFIG_NAME)
+    with open(cfg_path) as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{cfg_path}: base_model_name_or_path is empty; pass --model_name_or_path <base model>")
+    return base
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    base = resolve_base(args.lora_path, args.model_name_or_path)
+    out = os.path.abspath(args.output_path)
+    if out == os.path.abspath(args.lora_path):
+        # beside the adapter files, transformers (with peft installed) would load the merged weights and apply
+        # the adapter a second time
+        raise ValueError(f"--output_path {args.output_path} is the adapter directory; give a new directory")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"--output_path {args.output_path} exists and is not a directory")
+
+    from paddlenlp_ext.peft import load_lora, merge_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
+    from paddlenlp_ext.transformers.model_utils import atomic_save_dir
+
+    print(f"[merge_lora_params] base {base} + adapter {args.lora_path} -> {out}", file=sys.stderr)
+    model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=args.dtype), args.lora_path))
+    has_tok = any(os.path.isfile(os.path.join(args.lora_path, f)) for f in TOKENIZER_FILES)
+    tokenizer = AutoTokenizer.from_pretrained(args.lora_path if has_tok else base)
+    with atomic_save_dir(out) as tmp:  # model and tokenizer appear together or not at all
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    print(f"[merge_lora_params] saved the merged model to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    from paddlenlp_ext.trainer.launch import run_cli
+
+    run_cli(main)
