@@ -150,7 +150,8 @@ def atomic_save_dir(save_dir: str):
     """Yield a temporary directory; on success move its files into ``save_dir``, atomically per file.
 
     A new ``save_dir`` appears at once (one directory rename). An existing one keeps its other files
-    (e.g. a tokenizer saved earlier); stale weight files of a previous save are removed. On an exception the
+    (e.g. a tokenizer saved earlier); when the new save holds model weights, stale weight files of a previous
+    model save are removed (an adapter-only save leaves a full model beside it alone). On an exception the
     temporary directory is deleted and ``save_dir`` is untouched.
     """
     save_dir = os.path.abspath(save_dir)
@@ -164,10 +165,11 @@ def atomic_save_dir(save_dir: str):
             os.rename(tmp, save_dir)
             return
         new = set(os.listdir(tmp))
-        for name in os.listdir(save_dir):  # stale weights from an earlier (differently sharded) save
-            if name not in new and (name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
-                                    or (name.startswith("model-") and name.endswith(".safetensors"))):
-                os.remove(os.path.join(save_dir, name))
+        if new & {WEIGHTS_NAME, WEIGHTS_INDEX_NAME}:  # a model save: drop stale weights of an earlier one
+            for name in os.listdir(save_dir):  # (differently sharded); an adapter save leaves a model alone
+                if name not in new and (name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+                                        or (name.startswith("model-") and name.endswith(".safetensors"))):
+                    os.remove(os.path.join(save_dir, name))
         for name in sorted(new, key=lambda n: n == CONFIG_NAME):  # config.json last
             os.replace(os.path.join(tmp, name), os.path.join(save_dir, name))
     finally:
