@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, list_checkpoints, set_seed
+from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, keep_final_model,
-                                         lora_plus_optimizer, require_model_path, run_cli, save_adapter,
-                                         train_summary)
+                                         lora_plus_optimizer, require_model_path, resume_target, run_cli,
+                                         save_adapter, train_summary)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -84,20 +84,6 @@ def build_model(model_args, training_args):
     return model
 
 
-def _resume_target(training_args):
-    """PaddleNLP/HF rule: an explicit ``resume_from_checkpoint`` wins; else the latest checkpoint of
-    ``output_dir`` when ``do_train`` and not ``overwrite_output_dir``."""
-    if training_args.resume_from_checkpoint is not None:
-        return training_args.resume_from_checkpoint
-    if training_args.do_train and not training_args.overwrite_output_dir:
-        ckpts = list_checkpoints(training_args.output_dir)
-        if ckpts:
-            logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
-                        ckpts[-1])
-            return str(ckpts[-1])
-    return None
-
-
 def main(argv=None) -> dict:
     """Run the SFT job; returns the summary dict it prints."""
     start = time.perf_counter()
@@ -105,6 +91,7 @@ def main(argv=None) -> dict:
     model_args, data_args, training_args, chat_args = parse_args(argv)
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
+    resume = resume_target(training_args, model_args.lora)  # before any loading: a bad output_dir fails fast
 
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator
     from paddlenlp_ext.transformers import AutoTokenizer
@@ -133,7 +120,6 @@ def main(argv=None) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
-    resume = _resume_target(training_args) if training_args.do_train else None
     step = checkpoint_step(resume) if isinstance(resume, (str, os.PathLike)) else None  # None for true / no resume
     finished = step is not None and step >= trainer.compute_max_steps()
     if training_args.do_eval and dev_ds is None:

@@ -22,8 +22,8 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, keep_final_model, require_model_path, run_cli,
-                                         train_summary)
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, keep_final_model, require_model_path,
+                                         resume_target, run_cli, train_summary)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -39,6 +39,7 @@ def main(argv=None) -> dict:
     model_args, data_args, training_args = parse_rm_args(argv)
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
+    resume = resume_target(training_args, False)  # before any loading: a bad output_dir fails fast
 
     from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
@@ -65,7 +66,7 @@ def main(argv=None) -> dict:
     if training_args.do_train:
         if train_ds is None:
             raise ValueError("do_train=true needs train_dataset_path")
-        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        result = trainer.train(resume_from_checkpoint=resume)
         summary.update(train_summary(result))
         if not (training_args.benchmark or training_args.autotuner_benchmark
                 or keep_final_model(result, training_args.output_dir)):

@@ -1,7 +1,8 @@
 """Pieces the launchers (``llm/run_finetune.py``, ``run_dpo.py``, ``run_reward.py``) share.
 
 Each launcher keeps its own flow readable top to bottom; what is the same in all three lives here: the
-process layout, the LoRA+ optimizer, the adapter save (gathered whole under FSDP/TP) and the closing summary.
+process layout, where to resume (and what an existing output_dir means), the LoRA+ optimizer, the adapter save
+(gathered whole under FSDP/TP) and the closing summary.
 """
 
 from __future__ import annotations
@@ -91,6 +92,59 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
         trainer.tokenizer.save_pretrained(output_dir)
 
 
+def resume_target(training_args, lora: bool = False):
+    """Where ``Trainer.train`` resumes from, and what an existing ``output_dir`` means (all three launchers).
+
+    - An explicit ``resume_from_checkpoint`` wins (PaddleNLP / Hugging Face rule).
+    - Else, training without ``overwrite_output_dir``: the latest ``checkpoint-<step>`` of ``output_dir``
+      (rerunning a job continues it). With no checkpoint but a final model already there (``model.safetensors``
+      / index, or ``adapter_model.safetensors`` for LoRA), ValueError: training would overwrite it silently
+      (jobs with ``save_strategy: "no"`` leave exactly that).
+    - Training with ``overwrite_output_dir``: start over. The old run's ``checkpoint-*`` directories are removed
+      first (rank 0; logged): left there, the next rerun would resume the old run, and ``save_total_limit``
+      would delete the new run's lower-numbered checkpoints before the old ones.
+
+    Returns a checkpoint path, ``True``/a path string given by the user, or None (fresh start).
+    """
+    if training_args.resume_from_checkpoint is not None:
+        return training_args.resume_from_checkpoint
+    if not training_args.do_train:
+        return None
+    from paddlenlp_ext.trainer.checkpoint import list_checkpoints
+
+    out = training_args.output_dir
+    ckpts = list_checkpoints(out)
+    if training_args.overwrite_output_dir:
+        if ckpts and int(os.environ.get("RANK", "0")) == 0:
+            import shutil
+
+            logger.warning("overwrite_output_dir=true: removing the previous run's checkpoints in %s: %s", out,
+                           ", ".join(p.name for p in ckpts))
+            for p in ckpts:
+                shutil.rmtree(p)
+        if is_distributed():
+            torch.distributed.barrier()
+        return None
+    if ckpts:
+        logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
+                    ckpts[-1])
+        return str(ckpts[-1])
+    final = _final_model_files(out, lora)
+    if final:
+        raise ValueError(f"output_dir {out} already holds a trained model ({final[0]}) and no checkpoint to "
+                         "resume: set overwrite_output_dir true to train again and replace it, or choose another "
+                         "output_dir")
+    return None
+
+
+def _final_model_files(output_dir: str, lora: bool) -> list[str]:
+    from paddlenlp_ext.peft.lora import ADAPTER_WEIGHTS_NAME
+    from paddlenlp_ext.transformers.model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    names = (ADAPTER_WEIGHTS_NAME,) if lora else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    return [n for n in names if os.path.isfile(os.path.join(output_dir, n))]
+
+
 def keep_final_model(result: dict, output_dir: str, lora: bool = False) -> bool:
     """True when this call trained nothing (it resumed a checkpoint already at ``max_steps``) and ``output_dir``
     already holds a final model (``model.safetensors`` / its index, or ``adapter_model.safetensors`` for LoRA):
@@ -98,11 +152,7 @@ def keep_final_model(result: dict, output_dir: str, lora: bool = False) -> bool:
     before, with a larger ``max_steps``). Logs a warning when it keeps the model."""
     if result.get("train_runtime"):  # > 0 exactly when a step ran in this call: save
         return False
-    from paddlenlp_ext.peft.lora import ADAPTER_WEIGHTS_NAME
-    from paddlenlp_ext.transformers.model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-
-    names = (ADAPTER_WEIGHTS_NAME,) if lora else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
-    found = [n for n in names if os.path.isfile(os.path.join(output_dir, n))]
+    found = _final_model_files(output_dir, lora)
     if found:
         logger.warning("nothing trained in this run: the final model already in %s (%s) is kept, not overwritten "
                        "with the checkpoint's weights", output_dir, found[0])
