@@ -53,33 +53,53 @@ def check_sft_record(record: dict) -> dict:
     return out
 
 
+def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
+    """``(where, obj)`` for each non-blank line of a jsonl file, ``where`` = ``"<path>:<line>"``.
+
+    ``kind`` names the expected content in errors (e.g. ``'SFT {"src", "tgt"}'``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, or is a directory (the message says which).
+        ValueError: ``<path>:<line>: ...`` for a line that is not UTF-8 or not valid JSON (with the column).
+    """
+    if os.path.isdir(path):
+        raise FileNotFoundError(f"{path!r} is a directory; give the jsonl file of {kind} records inside it")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file {path!r} does not exist (expected jsonl of {kind} records)")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start} of the line); "
+                                 f"save the file as UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON at column {e.colno}: {e.msg} "
+                                 f"(each line must be one JSON object)") from None
+
+
 def iter_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> Iterator[dict]:
     """Yield the records of a jsonl file, each passed through ``validate`` (None = no check).
 
     Raises:
-        ValueError: ``<path>:<line>: <problem>`` for invalid JSON (with the column) or a record that
-            ``validate`` rejects; ``<path>: empty file`` when the file holds no record.
-        FileNotFoundError: the file does not exist.
+        ValueError: ``<path>:<line>: <problem>`` for a line that is not UTF-8, invalid JSON (with the column)
+            or a record that ``validate`` rejects; ``<path>: empty file`` when the file holds no record.
+        FileNotFoundError: the file does not exist (or is a directory).
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file {path!r} does not exist")
     count = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    for where, record in jsonl_objects(path, 'SFT {"src", "tgt"}'):
+        if validate is not None:
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON at column {e.colno}: {e.msg} "
-                                 f"(each line must be one JSON object)") from None
-            if validate is not None:
-                try:
-                    record = validate(record)
-                except ValueError as e:
-                    raise ValueError(f"{path}:{lineno}: {e}") from None
-            count += 1
-            yield record
+                record = validate(record)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+        count += 1
+        yield record
     if count == 0:
         raise ValueError(f"{path}: empty file (no JSON records); expected one {{\"src\", \"tgt\"}} object per line")
 

@@ -32,8 +32,6 @@ Differences from PaddleNLP, each deliberate:
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -94,21 +92,19 @@ def read_preference_jsonl(path: str) -> Iterator[PreferenceExample]:
     """Yield validated examples of a jsonl file; blank lines are skipped.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: invalid JSON or a broken rule, naming ``path:line``.
+        FileNotFoundError: ``path`` does not exist (or is a directory).
+        ValueError: a line that is not UTF-8, invalid JSON or a broken rule, naming ``path:line``; an empty
+            file.
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"preference data file {path!r} not found (expected jsonl with src/tgt/response/sort)")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            yield check_preference_data(data, where)
+    from .jsonl import jsonl_objects
+
+    count = 0
+    for where, data in jsonl_objects(path, "preference {src, tgt, response, sort}"):
+        count += 1
+        yield check_preference_data(data, where)
+    if count == 0:
+        raise ValueError(f"{path}: empty file (no JSON records); expected one {{src, tgt, response, sort}} object "
+                         "per line")
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> List[int]:
