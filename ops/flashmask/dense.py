@@ -62,8 +62,13 @@ def to_dense(startend_row_indices: torch.Tensor | None, causal: bool = True, seq
         causal: FlashMask causal mode (adds the implicit mask ``i < j``).
         seq_q: number of query rows; defaults to S_k.
 
+    A :class:`flashmask.masks.FlashMask` may be passed as the first argument: its indices and its own causal
+    flag are used (``causal`` is then ignored).
+
     This is O(S_q * S_k) memory: it exists for tests, plots and the reference, never for the kernel.
     """
+    if hasattr(startend_row_indices, "startend_row_indices") and hasattr(startend_row_indices, "causal"):
+        startend_row_indices, causal = startend_row_indices.startend_row_indices, startend_row_indices.causal
     if startend_row_indices is None:
         if seq_q is None or seq_k is None:
             raise ValueError("to_dense(None, ...) needs seq_q and seq_k")

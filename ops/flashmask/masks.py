@@ -19,7 +19,7 @@ so their attention output is 0.
 
 from __future__ import annotations
 
-from numbers import Integral
+from numbers import Integral, Number
 from typing import NamedTuple, Sequence
 
 import torch
@@ -58,9 +58,11 @@ def _as_rows(lengths, name: str) -> list[list[int]]:
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.tolist()
     _err(isinstance(lengths, (list, tuple)) and len(lengths) > 0, f"{name} must be a non-empty list, got {lengths!r}")
-    if all(isinstance(x, Integral) for x in lengths):
+    if all(isinstance(x, Number) for x in lengths):
         rows = [list(lengths)]
     else:
+        _err(all(isinstance(r, (list, tuple, torch.Tensor)) for r in lengths),
+             f"{name} must be one row of ints or a list of rows, got {lengths!r}")
         rows = [r.tolist() if isinstance(r, torch.Tensor) else list(r) for r in lengths]
     for b, row in enumerate(rows):
         _err(all(isinstance(x, Integral) and x >= 0 for x in row),
@@ -205,7 +207,15 @@ def share_question_mask(samples, seq_len: int | None = None, device=None) -> Fla
     [8, 8, 8, 6, 6, 6, 8, 8]
     """
     _err(isinstance(samples, (list, tuple)) and len(samples) > 0, f"samples must be a non-empty list, got {samples!r}")
-    rows = [list(samples)] if isinstance(samples[0][0], int) else [list(r) for r in samples]
+
+    def is_sample(x) -> bool:  # (prompt_len, [answer_len, ...])
+        return (isinstance(x, (list, tuple)) and len(x) == 2 and isinstance(x[0], Integral)
+                and isinstance(x[1], (list, tuple)) and all(isinstance(a, Integral) for a in x[1]))
+
+    rows = [list(samples)] if is_sample(samples[0]) else [list(r) for r in samples]
+    for b, row in enumerate(rows):
+        _err(all(is_sample(x) for x in row), f"samples row {b}: each sample must be (prompt_len, [answer_len, ...]), "
+             f"e.g. [(3, [3, 2])], got {row!r}")
     lens = [[p + sum(a) for p, a in r] for r in rows]
     seq_len = max(sum(x) for x in lens) if seq_len is None else seq_len
     cols = []

@@ -205,6 +205,16 @@ def test_builder_errors():
         M.sliding_window_mask(8, (2, 1), causal=True)
     with pytest.raises(ValueError, match="prefix_lengths"):
         M.prefix_lm_document_mask([3, 3], [1])
+    with pytest.raises(ValueError, match="non-negative ints"):  # a float length (was a TypeError)
+        M.causal_document_mask([3.5, 2])
+    with pytest.raises(ValueError, match=r"\(prompt_len, \[answer_len"):  # flat list instead of samples
+        M.share_question_mask([[3, 2, 2]])
+
+
+def test_to_dense_accepts_a_flashmask():
+    m = M.share_question_mask([(3, [3, 2])])
+    assert torch.equal(to_dense(m), to_dense(m.startend_row_indices, m.causal))
+    assert torch.equal(M.to_dense(m, causal=False), m.dense())  # the FlashMask's own causal flag wins
 
 
 # ------------------------------------------------------------------ golden cases
