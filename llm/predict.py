@@ -73,6 +73,11 @@ def load_model_and_tokenizer(path: str, dtype: str):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA GPU is available in this torch build/machine; "
+                         "use --device cpu")
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype)

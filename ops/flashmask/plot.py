@@ -12,6 +12,7 @@ pure-Python (zlib) writer. Command line::
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 import sys
 import zlib
@@ -187,7 +188,10 @@ def _build(args) -> M.FlashMask:
     if name == "share_question":
         samples = []
         for part in args.samples.split(";"):
-            q, answers = part.split(":")
+            q, sep, answers = part.partition(":")
+            if not sep or not q.strip().isdigit():
+                raise ValueError(f"--samples {args.samples!r}: each sample is prompt:answer,answer (e.g. 3:3,2), "
+                                 f"samples separated by ';'")
             samples.append((int(q), _ints(answers)))
         return M.share_question_mask(samples, s)
     if name == "qk_sparse":
@@ -228,7 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="auto", choices=("auto", "matplotlib", "png"))
     p.add_argument("--text", action="store_true", help="print vectors and the allowed matrix")
     args = p.parse_args(argv)
-    m = _build(args)
+    if args.out and not args.out.lower().endswith(".png"):
+        p.error(f"--out {args.out!r}: the plot is a PNG; give a path ending in .png (or --text for a text dump)")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        p.error(f"--out {args.out!r}: directory {os.path.dirname(os.path.abspath(args.out))!r} does not exist")
+    try:
+        m = _build(args)
+    except ValueError as e:  # a builder's message names the argument and the rule
+        p.error(f"{args.mask}: {e}")
     if args.text or not args.out:
         print(mask_text(m.startend_row_indices, m.causal, batch=args.batch))
     if args.out:

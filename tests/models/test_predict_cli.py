@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 
+import pytest
 import torch
 from _llama_testing import tiny_model
 
@@ -61,3 +62,12 @@ def test_predict_on_a_lora_output_directory(tmp_path, capsys):
     assert rc == 0 and "LoRA adapter" in out.err
     expected = chat(model, AutoTokenizer.from_pretrained(str(tmp_path / "base")), "Hello there", max_new_tokens=6)
     assert out.out == expected + "\n"
+
+
+@pytest.mark.parametrize("argv,msg", [(["--max_new_tokens", "0"], "--max_new_tokens must be >= 1"),
+                                      (["--device", "cuda"], "use --device cpu")])
+def test_predict_bad_options(argv, msg):
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    with pytest.raises(ValueError, match=msg):
+        _load_predict().main(["--prompt", "hi"] + argv)

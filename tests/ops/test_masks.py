@@ -486,3 +486,17 @@ def test_preference_mask_paddlenlp_example():
     assert torch.equal(m.startend_row_indices, same.startend_row_indices)
     with pytest.raises(ValueError, match=r"response_indexs\[1\]"):
         M.preference_mask([[0, 2, 6, 9], [0, 8, 12, 15]], 1, 16)  # overlaps the first pair
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["causal_document", "--lengths", "3,3", "--seq-len", "5", "--text"], "more than seq_len=5"),
+    (["share_question", "--samples", "bad", "--text"], "prompt:answer,answer"),
+    (["causal", "--seq-len", "4", "--out", "mask.txt"], "ending in .png"),
+    (["causal", "--seq-len", "4", "--out", "/no/such/dir/m.png"], "does not exist"),
+])
+def test_plot_cli_errors_are_one_line(argv, msg, capsys):
+    from flashmask.plot import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
