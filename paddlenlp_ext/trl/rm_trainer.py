@@ -34,11 +34,18 @@ class RewardTrainer(Trainer):
         return loss.sum(), s_c.shape[0], metrics
 
     def save_model(self, output_dir: str | None = None) -> str:
-        """One process: :meth:`LlamaForScore.save_pretrained` with the tokenizer, so the exported config's
-        ``pad_token_id`` and the saved tokenizer's pad agree (see ``export_pad_token_id``). Distributed: the
-        base ``Trainer.save_model``."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return super().save_model(output_dir)
+        """:meth:`LlamaForScore.save_pretrained` with the tokenizer, so the exported config is the
+        ``*ForSequenceClassification`` one and its ``pad_token_id`` and the saved tokenizer's pad agree (see
+        ``export_pad_token_id``). Distributed (collective): whole tensors are gathered from the FSDP / TP shards
+        (``full_state_dict``) and global rank 0 writes the same directory one process would."""
         output_dir = output_dir or self.args.output_dir
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from paddlenlp_ext.distributed.checkpoint import full_state_dict
+
+            sd = full_state_dict(self.model)  # every rank takes part; rank 0 gets the tensors
+            if torch.distributed.get_rank() == 0:
+                self.model.save_pretrained(output_dir, state_dict=sd, tokenizer=self.tokenizer)
+            torch.distributed.barrier()
+            return output_dir
         self.model.save_pretrained(output_dir, tokenizer=self.tokenizer)
         return output_dir

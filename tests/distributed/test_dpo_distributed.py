@@ -66,3 +66,13 @@ def test_alignment_launchers_match_one_process(job, launcher, layout):
     assert len(ref) == len(two) == 3
     for a, b in zip(two, ref):
         assert abs(a - b) <= RTOL * abs(b), (two, ref)
+    if launcher == "run_reward.py":  # the exported RM is the same HF sequence-classification directory
+        from safetensors.torch import load_file
+
+        dirs = [job / f"out_{name}_single", job / f"out_{name}_{'_'.join(map(str, layout.values()))}"]
+        cfgs = [json.loads((d / "config.json").read_text()) for d in dirs]
+        assert cfgs[0] == cfgs[1] and cfgs[1]["architectures"] == ["LlamaForSequenceClassification"]
+        w1, w2 = (load_file(str(d / "model.safetensors")) for d in dirs)
+        assert w1.keys() == w2.keys() and "score.weight" in w2
+        for k in w1:
+            assert (w1[k] - w2[k]).abs().max() <= 1e-4 * max(w1[k].abs().max(), 1e-6), k
