@@ -43,7 +43,11 @@ def read_config_dict(path: str) -> dict[str, Any]:
     """
     file = path if os.path.isfile(path) else os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"no {CONFIG_NAME} in {path!r}: expected a Hugging Face model directory")
+        hint = ""
+        if os.path.isfile(os.path.join(path, "adapter_config.json")):
+            hint = (" (it is a LoRA adapter directory: give its base model as model_name_or_path and this "
+                    "directory as lora_path, use its merged/ subdirectory, or llm/merge_lora_params.py)")
+        raise FileNotFoundError(f"no {CONFIG_NAME} in {path!r}: expected a Hugging Face model directory{hint}")
     with open(file, encoding="utf-8") as f:
         try:
             return json.load(f)
@@ -238,6 +242,11 @@ class PretrainedMixin:
             model_dir = resolve_model_name_or_path(model_dir)
         if config is None:
             config = cls.config_class.from_pretrained(model_dir, **config_overrides)
+        archs = read_config_dict(model_dir).get("architectures") or []
+        if any(a.endswith("ForSequenceClassification") for a in archs) and not cls.__name__.endswith("ForScore"):
+            raise ValueError(f"{model_dir} is a reward model ({archs[0]}), not a {cls.__name__}: score with "
+                             "paddlenlp_ext.trl.reward_model.LlamaForScore or transformers; to fine-tune or chat, "
+                             "start from the causal LM it was trained from")
         with torch.device("meta"):  # no double allocation: tensors are assigned from the checkpoint
             model = cls(config)
         load_into_model(model, load_state_dict(model_dir, dtype), tied=bool(config.tie_word_embeddings))

@@ -61,3 +61,17 @@ def test_export_pad_token_id_choices():
     assert export_pad_token_id({"pad_token_id": 0, "eos_token_id": 2}) == 0
     assert export_pad_token_id({"pad_token_id": 2, "eos_token_id": 2, "bos_token_id": 1}) == 1
     assert export_pad_token_id({"pad_token_id": 2, "eos_token_id": [2, 3], "bos_token_id": 3}) is None
+
+
+def test_causal_lm_loader_names_a_reward_model_and_an_adapter_dir(tmp_path):
+    """Loading an exported reward model (or a LoRA adapter directory) as a causal LM says what it is."""
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    LlamaForScore.from_pretrained(base).save_pretrained(str(tmp_path / "rm"))
+    with pytest.raises(ValueError, match="is a reward model \\(LlamaForSequenceClassification\\)"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "rm"))
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="LoRA adapter directory"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
