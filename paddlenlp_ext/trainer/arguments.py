@@ -466,8 +466,9 @@ def finalize_sft_args(model_args: ModelArgument, data_args: DataArgument,
     2. ``greedy_zero_padding`` without ``zero_padding`` has no effect: logged.
     3. ``lazy`` (an IterableDataset without ``__len__``) with ``max_steps <= 0``: ValueError.
     4. ``lora`` with ``lora_alpha == -1``: set to PaddleNLP's value (2*rank, or 4 with rslora).
-    5. ``tokenizer_name_or_path`` None: set to ``model_name_or_path``.
-    6. benchmark / autotuner_benchmark coercions (:func:`apply_benchmark_overrides`).
+    5. ``merge_weights`` without ``lora``: logged (nothing to merge).
+    6. ``tokenizer_name_or_path`` None: set to ``model_name_or_path``.
+    7. benchmark / autotuner_benchmark coercions (:func:`apply_benchmark_overrides`).
 
     Raises:
         ValueError: rule 3.
@@ -494,6 +495,8 @@ def finalize_sft_args(model_args: ModelArgument, data_args: DataArgument,
         model_args.lora_alpha = model_args.effective_lora_alpha()
         log(f"lora_alpha=-1: using PaddleNLP's value {model_args.lora_alpha:g} "
             f"({'4 with rslora' if model_args.rslora else '2*lora_rank'})")
+    if getattr(model_args, "merge_weights", False) and not model_args.lora:
+        log("merge_weights=True has no effect without lora=True (there is no adapter to merge)")
     if model_args.tokenizer_name_or_path is None:
         model_args.tokenizer_name_or_path = model_args.model_name_or_path
     for m in apply_benchmark_overrides(training_args):

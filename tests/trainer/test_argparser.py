@@ -167,6 +167,9 @@ def test_flash_mask_turns_packing_on_and_reports_it():
     m2, d2 = ModelArgument(), DataArgument(lazy=True)
     with pytest.raises(ValueError, match="max_steps must be > 0"):
         finalize_sft_args(m2, d2, SFTConfig(output_dir="o"))
+    m3 = ModelArgument(merge_weights=True)  # lora off: nothing to merge, said rather than ignored
+    assert finalize_sft_args(m3, DataArgument(), SFTConfig(output_dir="o", max_steps=3)) == [
+        "merge_weights=True has no effect without lora=True (there is no adapter to merge)"]
 
 
 def test_inert_markers_are_declared_on_fields():
