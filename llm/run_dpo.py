@@ -62,7 +62,8 @@ def main(argv=None) -> dict:
     model_args, data_args, training_args, dpo_config = parse_dpo_args(argv)
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
-    resume = resume_target(training_args, dpo_config.lora)  # before any loading: a bad output_dir fails fast
+    # before any loading: a bad output_dir fails fast
+    resume = resume_target(training_args, dpo_config.lora, model_args.model_name_or_path)
 
     from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer

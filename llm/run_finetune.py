@@ -91,7 +91,8 @@ def main(argv=None) -> dict:
     model_args, data_args, training_args, chat_args = parse_args(argv)
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
-    resume = resume_target(training_args, model_args.lora)  # before any loading: a bad output_dir fails fast
+    # before any loading: a bad output_dir fails fast
+    resume = resume_target(training_args, model_args.lora, model_args.model_name_or_path)
 
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator
     from paddlenlp_ext.transformers import AutoTokenizer
@@ -131,7 +132,11 @@ def main(argv=None) -> dict:
         result = trainer.train(resume_from_checkpoint=resume)
         summary.update(train_summary(result))
         if keep_final_model(result, training_args.output_dir, model_args.lora):
-            pass  # resumed at max_steps and a final model is there: keep it (it may be newer than the checkpoint)
+            # resumed at max_steps and a final model is there: keep it (it may be newer than the checkpoint)
+            if model_args.lora and model_args.merge_weights:
+                logger.warning("nothing trained, so nothing merged: merge the kept adapter with python "
+                               "llm/merge_lora_params.py --lora_path %s --output_path %s/merged",
+                               training_args.output_dir, training_args.output_dir)
         elif model_args.lora:
             save_adapter(trainer, model_args, training_args.output_dir)
             if model_args.merge_weights:

@@ -92,21 +92,30 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
         trainer.tokenizer.save_pretrained(output_dir)
 
 
-def resume_target(training_args, lora: bool = False):
+def resume_target(training_args, lora: bool = False, model_path: str | None = None):
     """Where ``Trainer.train`` resumes from, and what an existing ``output_dir`` means (all three launchers).
 
     - An explicit ``resume_from_checkpoint`` wins (PaddleNLP / Hugging Face rule).
     - Else, training without ``overwrite_output_dir``: the latest ``checkpoint-<step>`` of ``output_dir``
-      (rerunning a job continues it). With no checkpoint but a final model already there (``model.safetensors``
-      / index, or ``adapter_model.safetensors`` for LoRA), ValueError: training would overwrite it silently
-      (jobs with ``save_strategy: "no"`` leave exactly that).
-    - Training with ``overwrite_output_dir``: start over. The old run's ``checkpoint-*`` directories are removed
-      first (rank 0; logged): left there, the next rerun would resume the old run, and ``save_total_limit``
-      would delete the new run's lower-numbered checkpoints before the old ones.
+      (rerunning a job continues it; a checkpoint of another kind of job is refused by ``Trainer``). With no
+      checkpoint but a final model already there (full weights or a LoRA adapter, whichever kind this run
+      writes), ValueError: training would overwrite it silently, or leave a full model and an adapter side by
+      side, which ``transformers`` (adapter applied) and ``predict.py`` (adapter ignored) read differently.
+    - Training with ``overwrite_output_dir``: start over. The old run's outputs are removed first (rank 0;
+      logged): its ``checkpoint-*`` directories (left there, the next rerun would resume the old run, and
+      ``save_total_limit`` would delete the new run's lower-numbered checkpoints before the old ones), its final
+      weights of either kind with their config, ``merged/`` and the TensorBoard ``runs/``. Tokenizer files and
+      anything else stay.
+
+    ``model_path``: the model being fine-tuned; an ``output_dir`` that is that directory is refused with
+    ``overwrite_output_dir`` (its weights would be removed before they are loaded).
 
     Returns a checkpoint path, ``True``/a path string given by the user, or None (fresh start).
     """
     if training_args.resume_from_checkpoint is not None:
+        if training_args.overwrite_output_dir:
+            logger.warning("resume_from_checkpoint=%s is given: it is resumed, and overwrite_output_dir removes "
+                           "nothing (the Hugging Face rule)", training_args.resume_from_checkpoint)
         return training_args.resume_from_checkpoint
     if not training_args.do_train:
         return None
@@ -115,13 +124,17 @@ def resume_target(training_args, lora: bool = False):
     out = training_args.output_dir
     ckpts = list_checkpoints(out)
     if training_args.overwrite_output_dir:
-        if ckpts and int(os.environ.get("RANK", "0")) == 0:
+        if model_path and os.path.isdir(model_path) and os.path.isdir(out) and os.path.samefile(model_path, out):
+            raise ValueError(f"output_dir {out} is the model directory being fine-tuned (model_name_or_path): "
+                             "overwrite_output_dir would delete it; choose another output_dir")
+        old = [str(p) for p in ckpts] + _previous_outputs(out)
+        if old and int(os.environ.get("RANK", "0")) == 0:
             import shutil
 
-            logger.warning("overwrite_output_dir=true: removing the previous run's checkpoints in %s: %s", out,
-                           ", ".join(p.name for p in ckpts))
-            for p in ckpts:
-                shutil.rmtree(p)
+            logger.warning("overwrite_output_dir=true: removing the previous run's outputs in %s: %s", out,
+                           ", ".join(os.path.basename(p) for p in old))
+            for p in old:
+                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
         if is_distributed():
             torch.distributed.barrier()
         return None
@@ -129,12 +142,25 @@ def resume_target(training_args, lora: bool = False):
         logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
                     ckpts[-1])
         return str(ckpts[-1])
-    final = _final_model_files(out, lora)
+    final = _final_model_files(out, lora) + _final_model_files(out, not lora)
     if final:
         raise ValueError(f"output_dir {out} already holds a trained model ({final[0]}) and no checkpoint to "
                          "resume: set overwrite_output_dir true to train again and replace it, or choose another "
                          "output_dir")
     return None
+
+
+def _previous_outputs(output_dir: str) -> list[str]:
+    """Paths of a finished run's outputs in ``output_dir`` (weights of either kind, their configs, ``merged/``,
+    ``runs/``), for ``overwrite_output_dir``."""
+    from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+    from paddlenlp_ext.transformers.model_utils import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    if not os.path.isdir(output_dir):
+        return []
+    names = {CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME, "merged", "runs"}
+    return sorted(os.path.join(output_dir, n) for n in os.listdir(output_dir)
+                  if n in names or (n.startswith("model-") and n.endswith(".safetensors")))
 
 
 def _final_model_files(output_dir: str, lora: bool) -> list[str]:

@@ -46,6 +46,7 @@ class TrainerState:
     epoch: int = 0  # data epoch being read
     micro_batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on this rank
     log_history: list[dict[str, Any]] = field(default_factory=list)
+    trainer: str = ""  # the Trainer class that wrote it (Trainer, DPOTrainer, RewardTrainer): checked on resume
 
 
 def _default_collator(items):
@@ -81,7 +82,7 @@ class Trainer:
         self.device = self._pick_device()
         self.master_weights: MasterWeights | None = None  # built at the first forward_backward under O2
         self.precision, self.amp_dtype = self._pick_precision()
-        self.state = TrainerState()
+        self.state = TrainerState(trainer=type(self).__name__)
         self.optimizer = self.lr_scheduler = None
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (global_step, metrics) of the latest evaluate()
         # Models that draw per-step randomness (ERNIE-3.5-SE random position ids) seed it with the data-parallel
@@ -437,10 +438,17 @@ class Trainer:
         return str(path)
 
     def _load_checkpoint(self, path) -> None:
+        with open(os.path.join(path, ckpt.TRAINER_STATE), encoding="utf-8") as f:
+            wrote = json.load(f).get("trainer")
+        if wrote and wrote != type(self).__name__:  # same shapes would load: an SFT run resumed by DPO
+            raise ValueError(f"{path} was written by {wrote}, not {type(self).__name__} (another kind of job in the "
+                             "same output_dir): choose another output_dir, or set overwrite_output_dir true to "
+                             "start over")
         trainer_state, data_state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
         if self.master_weights is not None:
             self.master_weights.mark_dirty()
         self.state = TrainerState(**{k: v for k, v in trainer_state.items() if k in TrainerState.__dataclass_fields__})
+        self.state.trainer = type(self).__name__
         if data_state is not None:
             self.state.epoch = int(data_state["epoch"])
             self.state.micro_batches_in_epoch = int(data_state["micro_batches_in_epoch"])

@@ -47,9 +47,32 @@ def test_refuses_to_overwrite_a_final_model_without_checkpoint(tmp_path, lora, n
     assert (tmp_path / name).exists()
 
 
-def test_overwrite_starts_over_and_removes_old_checkpoints(tmp_path):
-    old = [_ckpt(tmp_path, 2), _ckpt(tmp_path, 4)]
+def test_refuses_a_final_model_of_the_other_kind(tmp_path):
+    """A full model and an adapter side by side are read differently by transformers (adapter applied) and by
+    predict.py (adapter ignored): neither kind of run may add itself to the other's directory."""
     (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(ValueError, match="already holds a trained model"):
+        resume_target(_args(tmp_path), lora=True)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
+    with pytest.raises(ValueError, match="already holds a trained model"):
+        resume_target(_args(tmp_path), lora=False)
+
+
+def test_overwrite_starts_over_and_removes_old_outputs(tmp_path):
+    old = [_ckpt(tmp_path, 2), _ckpt(tmp_path, 4)]
+    for name in ("model.safetensors", "config.json", "adapter_model.safetensors", "adapter_config.json",
+                 "tokenizer.json", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "merged").mkdir()
+    (tmp_path / "runs").mkdir()
     assert resume_target(_args(tmp_path, overwrite_output_dir=True)) is None
     assert not any(p.exists() for p in old)
-    assert os.listdir(tmp_path) == ["model.safetensors"]  # only checkpoints are removed
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tokenizer.json"]  # the tokenizer and user files stay
+
+
+def test_overwrite_refuses_the_model_directory_itself(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(ValueError, match="model directory being fine-tuned"):
+        resume_target(_args(tmp_path, overwrite_output_dir=True), model_path=str(tmp_path))
+    assert (tmp_path / "model.safetensors").exists()

@@ -149,3 +149,20 @@ def test_iterable_dataset_needs_max_steps(make_args, tiny_model):
     t = Trainer(tiny_model(), make_args(max_steps=-1, num_train_epochs=1), train_dataset=_Stream(4))
     with pytest.raises(ValueError, match="max_steps must be > 0"):
         t.train()
+
+
+def test_resume_refuses_a_checkpoint_of_another_trainer(make_args, tiny_model, tmp_path):
+    """Same parameter shapes would load (an SFT checkpoint resumed by DPO): trainer_state.json names the Trainer
+    class that wrote it, and another class refuses it before loading anything."""
+    class OtherTrainer(Trainer):
+        pass
+
+    args = make_args(max_steps=2, save_strategy="steps", save_steps=2)
+    OtherTrainer(tiny_model(), args, train_dataset=PackDataset(8)).train()
+    path = tmp_path / "out" / "checkpoint-2"
+    assert json.loads((path / ckpt.TRAINER_STATE).read_text())["trainer"] == "OtherTrainer"
+    t = Trainer(tiny_model(), make_args(max_steps=4), train_dataset=PackDataset(8))
+    with pytest.raises(ValueError, match="written by OtherTrainer, not Trainer"):
+        t.train(resume_from_checkpoint=str(path))
+    OtherTrainer(tiny_model(), make_args(max_steps=4), train_dataset=PackDataset(8)).train(
+        resume_from_checkpoint=str(path))  # its own kind resumes
