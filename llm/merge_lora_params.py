@@ -17,13 +17,11 @@ the base is loaded, merged and saved in.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from paddlenlp_ext.peft import adapter_base_model
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,11 +51,10 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
                                     "(train with lora: true, or pass the run's output_dir)")
     if model_name_or_path:
         return model_name_or_path
-    cfg_path = os.path.join(lora_path, ADAPTER_CONFIG_NAME)
-    with open(cfg_path) as f:
-        base = json.load(f).get("base_model_name_or_path")
+    base = adapter_base_model(lora_path)
     if not base:
-        raise ValueError(f"{cfg_path}: base_model_name_or_path is empty; pass --model_name_or_path <base model>")
+        raise ValueError(f"{os.path.join(lora_path, ADAPTER_CONFIG_NAME)}: base_model_name_or_path is empty; pass "
+                         "--model_name_or_path <base model>")
     return base
 
 
@@ -72,14 +69,11 @@ def main(argv=None) -> int:
     if os.path.exists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"--output_path {args.output_path} exists and is not a directory")
 
-    from paddlenlp_ext.peft import load_lora, merge_lora
-    from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
+    from paddlenlp_ext.peft import load_merged_lora
     from paddlenlp_ext.transformers.model_utils import atomic_save_dir
 
     print(f"[merge_lora_params] base {base} + adapter {args.lora_path} -> {out}", file=sys.stderr)
-    model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=args.dtype), args.lora_path))
-    has_tok = any(os.path.isfile(os.path.join(args.lora_path, f)) for f in TOKENIZER_FILES)
-    tokenizer = AutoTokenizer.from_pretrained(args.lora_path if has_tok else base)
+    model, tokenizer = load_merged_lora(args.lora_path, base, args.dtype)
     with atomic_save_dir(out) as tmp:  # model and tokenizer appear together or not at all
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

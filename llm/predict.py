@@ -13,7 +13,6 @@ without ``--prompt``, a tty gets an interactive multi-turn loop and piped stdin 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -56,18 +55,15 @@ def load_model_and_tokenizer(path: str, dtype: str):
                          "directory: pass the run's output_dir (its final model), or resume training from it")
     adapter_cfg = os.path.join(path, ADAPTER_CONFIG_NAME)
     if os.path.isfile(adapter_cfg) and not os.path.isfile(os.path.join(path, "config.json")):
-        from paddlenlp_ext.peft import load_lora, merge_lora
+        from paddlenlp_ext.peft import adapter_base_model, load_merged_lora
 
-        with open(adapter_cfg) as f:
-            base = json.load(f).get("base_model_name_or_path")
+        base = adapter_base_model(path)
         if not base:
             raise ValueError(f"{adapter_cfg}: a LoRA adapter without base_model_name_or_path; load the base model "
                              "and paddlenlp_ext.peft.load_lora yourself, or train with merge_weights: true")
         print(f"[predict] {path} is a LoRA adapter: loading its base {base} and merging the adapter",
               file=sys.stderr)
-        model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), path))
-        has_tok = any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
-        return model, AutoTokenizer.from_pretrained(path if has_tok else base)
+        return load_merged_lora(path, base, dtype)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
 
 
