@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
     # before any loading: a bad output_dir fails fast
-    resume = resume_target(training_args, dpo_config.lora, model_args.model_name_or_path)
+    resume = resume_target(training_args, model_args.model_name_or_path)
 
     from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer

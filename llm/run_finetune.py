@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
     # before any loading: a bad output_dir fails fast
-    resume = resume_target(training_args, model_args.lora, model_args.model_name_or_path)
+    resume = resume_target(training_args, model_args.model_name_or_path)
 
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator
     from paddlenlp_ext.transformers import AutoTokenizer

@@ -92,13 +92,13 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
         trainer.tokenizer.save_pretrained(output_dir)
 
 
-def resume_target(training_args, lora: bool = False, model_path: str | None = None):
+def resume_target(training_args, model_path: str | None = None):
     """Where ``Trainer.train`` resumes from, and what an existing ``output_dir`` means (all three launchers).
 
     - An explicit ``resume_from_checkpoint`` wins (PaddleNLP / Hugging Face rule).
     - Else, training without ``overwrite_output_dir``: the latest ``checkpoint-<step>`` of ``output_dir``
       (rerunning a job continues it; a checkpoint of another kind of job is refused by ``Trainer``). With no
-      checkpoint but a final model already there (full weights or a LoRA adapter, whichever kind this run
+      checkpoint but a final model already there (full weights or a LoRA adapter, whatever kind this run
       writes), ValueError: training would overwrite it silently, or leave a full model and an adapter side by
       side, which ``transformers`` (adapter applied) and ``predict.py`` (adapter ignored) read differently.
     - Training with ``overwrite_output_dir``: start over. The old run's outputs are removed first (rank 0;
@@ -134,7 +134,10 @@ def resume_target(training_args, lora: bool = False, model_path: str | None = No
             logger.warning("overwrite_output_dir=true: removing the previous run's outputs in %s: %s", out,
                            ", ".join(os.path.basename(p) for p in old))
             for p in old:
-                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+                if os.path.isdir(p):
+                    shutil.rmtree(p)
+                else:
+                    os.remove(p)
         if is_distributed():
             torch.distributed.barrier()
         return None
@@ -142,7 +145,7 @@ def resume_target(training_args, lora: bool = False, model_path: str | None = No
         logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
                     ckpts[-1])
         return str(ckpts[-1])
-    final = _final_model_files(out, lora) + _final_model_files(out, not lora)
+    final = _final_model_files(out)
     if final:
         raise ValueError(f"output_dir {out} already holds a trained model ({final[0]}) and no checkpoint to "
                          "resume: set overwrite_output_dir true to train again and replace it, or choose another "
@@ -163,11 +166,14 @@ def _previous_outputs(output_dir: str) -> list[str]:
                   if n in names or (n.startswith("model-") and n.endswith(".safetensors")))
 
 
-def _final_model_files(output_dir: str, lora: bool) -> list[str]:
+def _final_model_files(output_dir: str, lora: bool | None = None) -> list[str]:
+    """Final-model weight files in ``output_dir``: a LoRA adapter's (``lora=True``), a full model's (False), or
+    either (None)."""
     from paddlenlp_ext.peft.lora import ADAPTER_WEIGHTS_NAME
     from paddlenlp_ext.transformers.model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-    names = (ADAPTER_WEIGHTS_NAME,) if lora else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    full, adapter = (WEIGHTS_NAME, WEIGHTS_INDEX_NAME), (ADAPTER_WEIGHTS_NAME,)
+    names = adapter if lora else full if lora is False else full + adapter
     return [n for n in names if os.path.isfile(os.path.join(output_dir, n))]
 
 

@@ -162,6 +162,7 @@ def export_pad_token_id(config: dict, tokenizer=None) -> int | None:
             return cand
     return None
 
+
 def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> torch.Tensor:
     """Per-pair loss ``-log sigmoid(s_c - s_r)``, float ``[N]`` (PaddleNLP ``LlamaModelForScore`` loss)."""
     return -F.logsigmoid(chosen_scores - rejected_scores)

@@ -38,12 +38,11 @@ def test_fresh_dir_and_no_train(tmp_path):
     assert resume_target(_args(tmp_path, do_train=False)) is None
 
 
-@pytest.mark.parametrize("lora,name", [(False, "model.safetensors"), (False, "model.safetensors.index.json"),
-                                       (True, "adapter_model.safetensors")])
-def test_refuses_to_overwrite_a_final_model_without_checkpoint(tmp_path, lora, name):
+@pytest.mark.parametrize("name", ["model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors"])
+def test_refuses_to_overwrite_a_final_model_without_checkpoint(tmp_path, name):
     (tmp_path / name).write_bytes(b"x")
     with pytest.raises(ValueError, match="already holds a trained model.*overwrite_output_dir"):
-        resume_target(_args(tmp_path), lora)
+        resume_target(_args(tmp_path))
     assert (tmp_path / name).exists()
 
 
@@ -52,11 +51,11 @@ def test_refuses_a_final_model_of_the_other_kind(tmp_path):
     predict.py (adapter ignored): neither kind of run may add itself to the other's directory."""
     (tmp_path / "model.safetensors").write_bytes(b"x")
     with pytest.raises(ValueError, match="already holds a trained model"):
-        resume_target(_args(tmp_path), lora=True)
+        resume_target(_args(tmp_path))
     (tmp_path / "model.safetensors").unlink()
     (tmp_path / "adapter_model.safetensors").write_bytes(b"x")
     with pytest.raises(ValueError, match="already holds a trained model"):
-        resume_target(_args(tmp_path), lora=False)
+        resume_target(_args(tmp_path))
 
 
 def test_overwrite_starts_over_and_removes_old_outputs(tmp_path):
