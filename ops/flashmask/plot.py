@@ -184,6 +184,9 @@ def _build(args) -> M.FlashMask:
     if name == "prefix_lm_causal":
         return M.prefix_lm_causal_mask(s, args.prefix)
     if name == "prefix_lm_document":
+        if not args.prefixes:
+            raise ValueError("needs --prefixes, one prefix length per document shaped like --lengths "
+                             "(e.g. --lengths 3,2 --prefixes 1,2)")
         return M.prefix_lm_document_mask(rows, [_ints(r) for r in args.prefixes.split(";")], s)
     if name == "share_question":
         samples = []
@@ -195,7 +198,10 @@ def _build(args) -> M.FlashMask:
             samples.append((int(q), _ints(answers)))
         return M.share_question_mask(samples, s)
     if name == "qk_sparse":
-        return M.qk_sparse_mask(s, [tuple(_ints(r.replace("-", ","))) for r in args.ranges.split(";")])
+        ranges = [tuple(_ints(r.replace("-", ","))) for r in args.ranges.split(";")]
+        if any(len(r) != 2 for r in ranges):
+            raise ValueError(f"--ranges {args.ranges!r}: each range is a-b (e.g. 2-5), ranges separated by ';'")
+        return M.qk_sparse_mask(s, ranges)
     if name == "random_eviction":
         return M.random_eviction_mask(s, args.prob, seed=args.seed)
     if name == "key_padding":
@@ -236,10 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--out {args.out!r}: the plot is a PNG; give a path ending in .png (or --text for a text dump)")
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         p.error(f"--out {args.out!r}: directory {os.path.dirname(os.path.abspath(args.out))!r} does not exist")
+    if args.seq_len is not None and args.seq_len < 1:
+        p.error(f"--seq-len must be >= 1, got {args.seq_len}")
     try:
         m = _build(args)
     except ValueError as e:  # a builder's message names the argument and the rule
         p.error(f"{args.mask}: {e}")
+    rows = m.startend_row_indices.shape[0]
+    if not 0 <= args.batch < rows:
+        p.error(f"--batch {args.batch}: the mask has {rows} batch row(s), give 0..{rows - 1}")
     if args.text or not args.out:
         print(mask_text(m.startend_row_indices, m.causal, batch=args.batch))
     if args.out:
