@@ -16,10 +16,17 @@ PaddleNLP writes ``model_state.pdparams``/``optimizer.pdopt``/``rng_state_*.pth`
 (``paddlenlp/trainer/trainer.py::_save_checkpoint``) or its unified-checkpoint safetensors; we keep its names for
 the RNG and trainer-state files and use DCP for tensors. The final model is saved separately by
 ``Trainer.save_model`` as a Hugging Face directory.
+
+A write that fails with an OS error (disk full, quota, permissions), in a checkpoint or, through
+:func:`explain_write_errors`, in the final model, raises :class:`SaveError`: one message naming the directory,
+the errno, what is still intact and the fix, chained to the writer's own error (DCP's ``CheckpointException``,
+safetensors' ``SafetensorError`` or torch's ``RuntimeError`` otherwise).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno as errno_mod
 import json
 import os
 import random
@@ -53,6 +60,118 @@ def _barrier() -> None:
     if _dist_on():
         dist.barrier()
 
+
+class SaveError(OSError):
+    """A checkpoint or final-model write failed with an OS error (``ENOSPC`` disk full, ``EDQUOT``, ``EACCES``, ...).
+
+    ``errno`` is the original error's number (None when the writer did not report one, e.g. torch.save's stream
+    errors); the message names the directory, what is still intact and the fix. Always raised ``from`` the
+    writer's own exception. Launchers print it as one ``error:`` line (``launch.run_cli``).
+    """
+
+    def __str__(self) -> str:  # the message alone: it names the errno itself ("[Errno None]" would be noise)
+        return self.strerror or super().__str__()
+
+
+# safetensors' Rust writer reports "I/O error: No space left on device (os error 28)" in a SafetensorError
+_OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
+# torch.save's C++ stream writer loses the errno: "PytorchStreamWriter failed writing file ...: file write
+# failed", or (a full disk, torch 2.13) "unexpected pos 576 vs 534" raised from "basic_ios::clear: iostream error"
+_TORCH_WRITE_RE = re.compile(r"PytorchStreamWriter failed writing|file write failed|iostream error|unexpected pos \d+")
+
+
+def write_failure(exc: BaseException) -> tuple[int | None, str] | None:
+    """``(errno or None, description)`` when ``exc`` is (or wraps) an OS-level write failure, else None.
+
+    Looks through ``__cause__`` / ``__context__`` chains and DCP's ``CheckpointException.failures``
+    (``{rank: (exception, traceback)}``), and reads the ``(os error N)`` of safetensors' errors and torch.save's
+    stream-writer errors (which carry no errno). Anything else (a bug, KeyboardInterrupt) gives None.
+    """
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e.errno, e.strerror or str(e)
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        if isinstance(e, Exception):
+            text = str(e)
+            m = _OS_ERROR_RE.search(text)
+            if m:
+                return int(m.group(1)), os.strerror(int(m.group(1)))
+            if isinstance(e, RuntimeError) and _TORCH_WRITE_RE.search(text):
+                return None, f"torch.save could not write ({text.strip().splitlines()[0][:120]})"
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def _dir_mib(path: Path) -> float:
+    total = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return total / 2**20
+
+
+def save_error_message(what: str, target: str | os.PathLike, err_no: int | None, detail: str, intact: str,
+                       size_hint: str = "", after: str = "run again") -> str:
+    """The :class:`SaveError` text: what failed where, the errno (by name), free space now, what is intact, the fix
+    (``after`` says what to do once there is room)."""
+    target = Path(target)
+    name = f"errno {errno_mod.errorcode.get(err_no, err_no)}: " if err_no is not None else ""
+    probe = next((p for p in (target, *target.parents) if p.exists()), None)
+    free = ""
+    if probe is not None:
+        with contextlib.suppress(OSError):
+            free = f"; {shutil.disk_usage(probe).free / 2**20:.1f} MiB free there now"
+    full = err_no in (errno_mod.ENOSPC, getattr(errno_mod, "EDQUOT", -1)) or err_no is None
+    fix = ("free disk space (or raise the quota), or point output_dir at a disk with room" if full else
+           "make the directory writable, or point output_dir somewhere writable")
+    if after != "run again":  # the fix happens in this directory (e.g. the tokenizer of a kept final model)
+        fix = fix.split(", or point output_dir")[0]
+    return f"could not write {what} to {target} ({name}{detail}{free}). {intact} Fix: {fix}{size_hint}, then {after}."
+
+
+FINAL_MODEL_INTACT = ("Nothing is half-written: the new files go to a temporary directory beside it, removed now, "
+                      "and are moved in only when complete, so the files already there are untouched.")
+
+
+@contextlib.contextmanager
+def explain_write_errors(target: str | os.PathLike, what: str, intact: str = FINAL_MODEL_INTACT,
+                         after: str = "run again"):
+    """Turn an OS-level write failure inside the block into :class:`SaveError` (see :func:`write_failure`).
+
+    Args:
+        target: the directory being written (named in the message).
+        what: e.g. ``"the final model"``.
+        intact: a sentence saying what the failure left untouched (true for the caller's write path; the
+            default is that of ``model_utils.atomic_save_dir``, used by every final-model and adapter save).
+        after: what to do once there is room.
+
+    Other exceptions pass through unchanged.
+    """
+    try:
+        yield
+    except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        failure = write_failure(e)
+        if failure is None or isinstance(e, SaveError):
+            raise
+        raise SaveError(failure[0], save_error_message(what, target, failure[0], failure[1], intact,
+                                                       after=after)) from e
+
+
+def explain_tokenizer_write_errors(tokenizer, output_dir: str | os.PathLike):
+    """:func:`explain_write_errors` for ``tokenizer.save_pretrained(output_dir)`` after the final model: the
+    tokenizer files are written in place (not atomically), and a rerun keeps an existing final model without
+    saving again, so the message gives the command that writes them."""
+    src = getattr(tokenizer, "name_or_path", "") or "<tokenizer_name_or_path>"
+    return explain_write_errors(
+        output_dir, "the tokenizer files",
+        intact="The model weights and config.json there are complete (written before it, atomically); the tokenizer "
+               "files may be incomplete.",
+        after=(f'write them with: python -c "from paddlenlp_ext.transformers import AutoTokenizer; '
+               f"AutoTokenizer.from_pretrained('{src}').save_pretrained('{output_dir}')\""))
 
 def checkpoint_step(path: str | os.PathLike) -> int | None:
     """The step of a ``checkpoint-<step>`` directory path, or None when its name is not of that form."""
@@ -117,18 +236,45 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
 
     Returns the final checkpoint path. On any error the temporary directory is removed (best effort) and the
     exception re-raised, so no half-written ``checkpoint-<step>`` ever exists and older checkpoints are untouched.
+
+    Raises:
+        SaveError: an OS-level write failure (disk full: ``errno.ENOSPC``), with the directory, what is intact
+            and the fix; chained to the writer's error. Other errors propagate unchanged.
     """
     out = Path(output_dir)
     final = out / f"{PREFIX}-{step}"
+    previous = [p for p in list_checkpoints(out) if p != final]
+    if previous:
+        intact = (f"The temporary {final.name}.tmp was removed and the previous checkpoint {previous[-1]} is intact "
+                  "(a checkpoint is renamed into place only when complete; older ones are rotated out only after), "
+                  f"so a rerun resumes from it.")
+        size_hint = f" (the last checkpoint takes {_dir_mib(previous[-1]):.1f} MiB)"
+    else:
+        intact = (f"The temporary {final.name}.tmp was removed; there is no earlier checkpoint in {out}, so a rerun "
+                  "starts from step 0.")
+        size_hint = ""
+    try:
+        return _save_checkpoint(out, step, model, optimizer, scheduler, trainer_state, data_state, save_total_limit)
+    except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        failure = write_failure(e)
+        if failure is None:
+            raise
+        msg = save_error_message(f"checkpoint {final.name}", out, failure[0], failure[1], intact, size_hint)
+        raise SaveError(failure[0], msg) from e
+
+
+def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, trainer_state, data_state,
+                     save_total_limit) -> Path:
+    final = out / f"{PREFIX}-{step}"
     tmp = out / f"{PREFIX}-{step}.tmp"
     rank = _rank()
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)  # leftover of an earlier crash
-        tmp.mkdir()
-    _barrier()
     try:
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)  # leftover of an earlier crash
+            tmp.mkdir()
+        _barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
@@ -149,7 +295,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
                 os.replace(tmp, final)
     except BaseException:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
         raise
     _barrier()
     if rank == 0 and save_total_limit is not None and save_total_limit > 0:

@@ -36,13 +36,15 @@ def init_parallel_dims(training_args):
 
 def run_cli(main) -> None:
     """``main(sys.argv[1:])`` for a launcher's ``__main__``: user errors (bad config, data or paths: ValueError,
-    FileNotFoundError, NotADirectoryError) print ``error: <message>`` and exit 2 instead of a traceback;
-    ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
+    FileNotFoundError, NotADirectoryError; a failed checkpoint/model write: ``checkpoint.SaveError``) print
+    ``error: <message>`` and exit 2 instead of a traceback; ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
     import sys
+
+    from paddlenlp_ext.trainer.checkpoint import SaveError
 
     try:
         main(sys.argv[1:])
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+    except (ValueError, FileNotFoundError, NotADirectoryError, SaveError) as e:
         if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
             raise
         print(f"error: {e}\n(PADDLENLP_EXT_TRACEBACK=1 shows the traceback)", file=sys.stderr)
@@ -81,15 +83,18 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
     and written by rank 0, so the file equals what one process would save.
     """
     from paddlenlp_ext.peft import save_lora
+    from paddlenlp_ext.trainer.checkpoint import explain_tokenizer_write_errors, explain_write_errors
 
-    if is_distributed():
-        from paddlenlp_ext.distributed.checkpoint import save_full_adapters
+    with explain_write_errors(output_dir, "the LoRA adapter"):  # disk full: SaveError naming output_dir
+        if is_distributed():
+            from paddlenlp_ext.distributed.checkpoint import save_full_adapters
 
-        save_full_adapters(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
-    else:
-        save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
+            save_full_adapters(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
+        else:
+            save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
     if trainer.dp.is_main and trainer.tokenizer is not None:
-        trainer.tokenizer.save_pretrained(output_dir)
+        with explain_tokenizer_write_errors(trainer.tokenizer, output_dir):
+            trainer.tokenizer.save_pretrained(output_dir)
 
 
 def resume_target(training_args, model_path: str | None = None):

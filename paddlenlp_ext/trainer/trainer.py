@@ -462,16 +462,19 @@ class Trainer:
 
         One process: ``model.save_pretrained``. Distributed (collective): ``paddlenlp_ext.distributed.checkpoint
         .save_full_model`` gathers whole tensors (FSDP shards / TP DTensors) and rank 0 writes the same format.
+        An OS-level write failure (disk full) raises ``checkpoint.SaveError`` naming the directory and the fix.
         """
         output_dir = output_dir or self.args.output_dir
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            from paddlenlp_ext.distributed.checkpoint import save_full_model
+        with ckpt.explain_write_errors(output_dir, "the final model"):
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                from paddlenlp_ext.distributed.checkpoint import save_full_model
 
-            save_full_model(self.model, output_dir)
-        else:
-            self.model.save_pretrained(output_dir)
+                save_full_model(self.model, output_dir)
+            else:
+                self.model.save_pretrained(output_dir)
         if self.dp.is_main and self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
-            self.tokenizer.save_pretrained(output_dir)
+            with ckpt.explain_tokenizer_write_errors(self.tokenizer, output_dir):
+                self.tokenizer.save_pretrained(output_dir)
         return output_dir
 
 
