@@ -161,15 +161,15 @@ def explain_write_errors(target: str | os.PathLike, what: str, intact: str = FIN
                                                        after=after)) from e
 
 
-def explain_tokenizer_write_errors(tokenizer, output_dir: str | os.PathLike):
-    """:func:`explain_write_errors` for ``tokenizer.save_pretrained(output_dir)`` after the final model: the
-    tokenizer files are written in place (not atomically), and a rerun keeps an existing final model without
-    saving again, so the message gives the command that writes them."""
+def explain_tokenizer_write_errors(tokenizer, output_dir: str | os.PathLike,
+                                   written: str = "The model weights and config.json"):
+    """:func:`explain_write_errors` for ``tokenizer.save_pretrained(output_dir)`` after the final model (whose
+    files ``written`` names): the tokenizer files are written in place (not atomically), and a rerun keeps an
+    existing final model without saving again, so the message gives the command that writes them."""
     src = getattr(tokenizer, "name_or_path", "") or "<tokenizer_name_or_path>"
     return explain_write_errors(
         output_dir, "the tokenizer files",
-        intact="The model weights and config.json there are complete (written before it, atomically); the tokenizer "
-               "files may be incomplete.",
+        intact=f"{written} there are complete (written before, atomically); the tokenizer files may be incomplete.",
         after=(f'write them with: python -c "from paddlenlp_ext.transformers import AutoTokenizer; '
                f"AutoTokenizer.from_pretrained('{src}').save_pretrained('{output_dir}')\""))
 

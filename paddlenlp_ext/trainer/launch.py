@@ -93,7 +93,7 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
         else:
             save_lora(trainer.model, output_dir, base_model_name_or_path=model_args.model_name_or_path)
     if trainer.dp.is_main and trainer.tokenizer is not None:
-        with explain_tokenizer_write_errors(trainer.tokenizer, output_dir):
+        with explain_tokenizer_write_errors(trainer.tokenizer, output_dir, "The adapter files"):
             trainer.tokenizer.save_pretrained(output_dir)
 
 
