@@ -11,7 +11,9 @@
 - ``_flashmask_bwd_preprocess_kernel``: Delta and the log2 LSE in one pass over O and dO.
 
 ``EVEN`` / ``TMA`` as in ``triton_fwd`` (TMA is opt-in here: ``FLASHMASK_TMA=1``, measured neutral to slower);
-``TMA_DQ`` adds the dQ tiles with TMA bulk reduce-adds (``FLASHMASK_ATOMIC_DQ=tma``).
+``TMA_DQ`` adds the dQ tiles with TMA bulk reduce-adds (``FLASHMASK_ATOMIC_DQ=tma``). ``DP_FIRST`` issues
+dP = dO V^T before the softmax math instead of after it (same values; the faster order depends on the head dim,
+``triton_flashmask.dp_first``).
 
 Math (natural-log LSE from the forward; log2 units inside): P = exp2(S*scale*log2e - LSE*log2e),
 dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta), Delta = rowsum(dO * O) - dLSE, dQ = scale dS K,
@@ -32,7 +34,7 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
-               TMA_DQ: tl.constexpr):
+               TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr):
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
@@ -45,13 +47,16 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
     lse2 = _load(LSEh + offs_m, rmask, float("inf"), EVEN)  # [BLOCK_M], log2 units
     delta = _load(DELh + offs_m, rmask, 0.0, EVEN)
     sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
+    if DP_FIRST:  # both independent products issued before the softmax math (see _dq_tile)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
     pT = tl.math.exp2(sT - lse2[None, :])
     if MASKED:
         maskedT = _masked_from_cols(offs_m[None, :], offs_n[:, None], S_k, lts, lte, uts, ute,
                                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
         pT = tl.where(maskedT, 0.0, pT)
     dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PREC)
-    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
+    if not DP_FIRST:
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
     dsT = pT * (dpT - delta[None, :])
     dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
     if ATOMIC_DQ:
@@ -72,7 +77,7 @@ def _flashmask_bwd_dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
-    EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr,
+    EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr,
 ):
     n = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -114,20 +119,21 @@ def _flashmask_bwd_dkdv_kernel(
             m = tl.load(IDX + i)
             dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
                                 S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, True, CAUSAL,
-                                HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA, TMA_DQ)
+                                HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA, TMA_DQ,
+                                DP_FIRST)
         if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
             for m in range(f_lo, f_lo + n_full):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos,
                                     sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, False,
                                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                    TMA_DQ)
+                                    TMA_DQ, DP_FIRST)
         else:
             for i in range(n_part, n_part + n_full):
                 m = tl.load(IDX + i)
                 dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos,
                                     sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, False,
                                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                    TMA_DQ)
+                                    TMA_DQ, DP_FIRST)
 
     _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)
@@ -139,7 +145,7 @@ def _flashmask_bwd_dkdv_kernel(
 def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE, qk_scale,
              kv_row, kv_col, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
              HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
-             EVEN: tl.constexpr, TMA: tl.constexpr):
+             EVEN: tl.constexpr, TMA: tl.constexpr, DP_FIRST: tl.constexpr):
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
     if TMA:  # K / V are 2-D descriptors over [B*S_k, H_k*D]
         k = K.load([kv_row + n * BLOCK_N, kv_col])
@@ -149,12 +155,15 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S
         k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
         v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    if DP_FIRST:  # issue dP = dO V^T before the exp2/mask math instead of after it (same values, other order)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
         masked = _elem_masked(offs_m[:, None], offs_n[None, :], S_k, LTS, LTE, UTS, UTE,
                               CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
         p = tl.where(masked, 0.0, p)
-    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+    if not DP_FIRST:
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
     ds = p * (dp - delta[:, None])
     dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
     return dq
@@ -168,6 +177,7 @@ def _flashmask_bwd_dq_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
+    DP_FIRST: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
@@ -201,18 +211,18 @@ def _flashmask_bwd_dq_kernel(
         n = tl.load(IDX + i)
         dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE,
                       qk_scale, kv_row, kv_col, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC,
-                      EVEN, TMA)
+                      EVEN, TMA, DP_FIRST)
     if f_lo >= 0:
         for n in range(f_lo, f_lo + n_full):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
                           UTE, qk_scale, kv_row, kv_col, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
-                          HAS_UTS, DOT_PREC, EVEN, TMA)
+                          HAS_UTS, DOT_PREC, EVEN, TMA, DP_FIRST)
     else:
         for i in range(n_part, n_part + n_full):
             n = tl.load(IDX + i)
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
                           UTE, qk_scale, kv_row, kv_col, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
-                          HAS_UTS, DOT_PREC, EVEN, TMA)
+                          HAS_UTS, DOT_PREC, EVEN, TMA, DP_FIRST)
     _store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :],
            (dq * sm_scale).to(DQ.dtype.element_ty), q_mask, EVEN)
 

@@ -58,8 +58,9 @@ def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool, four_vectors: bool 
     """Forward tile shape ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` for padded head dim ``d_pad``.
 
     ``four_vectors``: the mask has C=4 (LTS, LTE, UTS, UTE), whose per-stage vector loads push the 128 x 128
-    3-stage pipeline over the 227 KiB of shared memory; 64 x 128 with 4 warps is the fastest fit (v5 sweep). ``FLASHMASK_FWD_CFG="BM,BN,warps,stages"`` overrides
-    it on GPU (offline tuning, ``benchmarks/tune_blocks.py``; the numbers are in docs/kernel_notes.md).
+    3-stage pipeline over the 227 KiB of shared memory; 64 x 128 with 4 warps is the fastest fit (v5 sweep).
+    ``FLASHMASK_FWD_CFG="BM,BN,warps,stages"`` overrides it on GPU (offline tuning, ``benchmarks/tune_blocks.py``;
+    the numbers are in docs/kernel_notes.md).
     """
     env = _env_cfg("FLASHMASK_FWD_CFG", ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")) if on_gpu else None
     if env:
@@ -76,6 +77,14 @@ def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool, four_vectors: bool 
         return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
     # D=256, H200 sweep v3: 64x64/4 warps/3 stages 10.5 ms causal 8K vs 12.1 at 2 stages
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+
+
+def dp_first(d_pad: int) -> bool:
+    """Whether the backward kernels issue dP = dO V^T right after S = Q K^T, before the exp2/mask math, rather
+    than after it (same values). H200 A/B, v6 (docs/kernel_notes.md): 3-8 % faster backward at D = 64 and 7 % at
+    D = 256, 3-5 % slower at D = 128. ``FLASHMASK_DP_FIRST=0|1`` overrides it (benchmarking)."""
+    env = _env_choice("FLASHMASK_DP_FIRST", "auto", ("auto", "0", "1"))
+    return d_pad != 128 if env == "auto" else env == "1"
 
 
 def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
@@ -212,7 +221,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     s_k, h_k = k.shape[1], k.shape[2]
     d_pad = _pow2(d)
     cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
-    flags = _flags(mv, causal, q.dtype)
+    flags = dict(_flags(mv, causal, q.dtype), DP_FIRST=dp_first(d_pad))
     # Delta = rowsum(dO * O) - dLSE and LSE in log2 units, fp32 [B, H_q, S_q], in one pass over O and dO
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
@@ -283,15 +292,26 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+_NO_MASK: dict = {}  # (causal, S_q, S_k, device) -> MaskVectors without index tensor
+
+
 def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVectors:
     """Preprocessed mask (SoA vectors, block min/max, visit lists), cached on the index tensor itself.
 
     All layers of a forward pass receive the same ``startend_row_indices`` tensor, so the O(N + Tr*Tc)
     preprocessing runs once per batch, not once per layer and pass. The key includes ``sri._version`` so an
-    in-place edit of the indices rebuilds it.
+    in-place edit of the indices rebuilds it. Without an index tensor the visit lists depend only on the mode and
+    the lengths: they are kept in a small module-level cache (before, every call rebuilt them: about 15 small
+    launches per pass).
     """
     if sri is None:
-        return MaskVectors(None, causal, seq_q, seq_k, device)
+        key = (causal, seq_q, seq_k, torch.device(device))
+        mv = _NO_MASK.get(key)
+        if mv is None:
+            if len(_NO_MASK) >= 32:  # many distinct lengths (e.g. generation): keep the cache bounded
+                _NO_MASK.clear()
+            mv = _NO_MASK[key] = MaskVectors(None, causal, seq_q, seq_k, device)
+        return mv
     key = (causal, seq_q, seq_k, sri._version)
     cached = getattr(sri, "_flashmask_vectors", None)
     if cached is not None and cached[0] == key:
@@ -345,7 +365,8 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
     Raises:
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
         ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16); an
-            unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS``.
+            unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS`` /
+            ``FLASHMASK_DP_FIRST``.
     """
     if not q.is_cuda and not _interpreting():
         raise RuntimeError(

@@ -241,6 +241,21 @@ def test_mask_preprocessing_cached_per_index_tensor():
     assert rebuilt is not first and int(rebuilt.lts[0, 0]) == 8
 
 
+def test_no_mask_preprocessing_cached_per_mode_and_length():
+    """Without an index tensor the visit lists depend only on (causal, S_q, S_k, device): reused across calls,
+    rebuilt for another mode or length, and the cached lists still give the reference result."""
+    from flashmask.triton_flashmask import _mask_vectors
+
+    dev = torch.device(DEV)
+    causal = _mask_vectors(None, True, 40, 40, dev)
+    assert _mask_vectors(None, True, 40, 40, dev) is causal
+    assert _mask_vectors(None, False, 40, 40, dev) is not causal
+    assert _mask_vectors(None, True, 48, 48, dev) is not causal
+    q, k, v, do = make_qkv(1, 40, 40, 2, 1, 16, torch.float32, seed=4)
+    for _ in range(2):  # the second call runs on the cached lists
+        check_case(q, k, v, do, None, True)
+
+
 def test_range_loops_match_indirect_lists(monkeypatch):
     """Rows whose unmasked blocks form one run take the affine ``range`` loop; others keep the list. Both
     forms visit the same blocks in the same order, so results are bitwise equal with the runs hidden."""
@@ -260,6 +275,25 @@ def test_range_loops_match_indirect_lists(monkeypatch):
     listed = _run(fn, q, k, v, do)
     for a, b in zip(ranged, listed):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal,c", [(True, 2), (False, 4)])
+def test_dp_first_orders_match(monkeypatch, causal, c):
+    """``FLASHMASK_DP_FIRST`` only moves dP = dO V^T before or after the softmax math in both backward kernels:
+    the two orders agree bitwise, and the default order passes the reference check (GQA 4:2, per-head masks,
+    partial tail tiles)."""
+    gen = torch.Generator().manual_seed(11 + c)
+    sri = random_sri(2, 2, 47, causal, c, gen=gen)
+    q, k, v, do = make_qkv(2, 47, 47, 4, 2, 32, torch.float32, seed=13)
+    fn = lambda x, y, z: flashmask_attention_triton(x, y, z, sri, causal, 0.25, True)  # noqa: E731
+    runs = []
+    for order in ("1", "0"):
+        monkeypatch.setenv("FLASHMASK_DP_FIRST", order)
+        runs.append(_run(fn, q, k, v, do))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    monkeypatch.delenv("FLASHMASK_DP_FIRST")
+    check_case(q, k, v, do, sri, causal)
 
 
 @pytest.mark.parametrize("causal,c", [(True, 2), (False, 4)])
@@ -291,7 +325,7 @@ def test_tma_descriptor_path(monkeypatch, causal, c):
 def test_unknown_environment_switch_is_an_error(monkeypatch):
     """A typo in a kernel switch must not silently pick a path: ValueError naming the variable."""
     q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)
-    for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS"):
+    for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS", "FLASHMASK_DP_FIRST"):
         monkeypatch.setenv(var, "off")
         with pytest.raises(ValueError, match=var):
             _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, None, True, 0.25), q, k, v, do)
