@@ -10,7 +10,10 @@ Differences from PaddleNLP (all stricter or more informative):
 - Values are converted from the field's type annotation (``bool`` from ``true/false/1/0/yes/no``,
   ``int``, ``float``, ``str``, ``Optional[...]``, ``List[...]``) and every problem (unknown key with the
   nearest valid keys, bad value, missing required field, ``__post_init__`` errors of every dataclass) is
-  collected and raised as one ``ValueError``.
+  collected and raised as one ``ValueError`` (one problem: that line alone; several: a count, then a line each).
+- Command-line mistakes name the flag: ``--key`` without a value (last argument, or followed by another
+  ``--flag``; bare ``--flag`` means true only for bool keys), an unknown ``--key``, a key given twice (also as
+  ``--key=value``), several words for a one-value key, a stray value (or a config file not given first).
 - A key present in several dataclasses is set in all of them (PaddleNLP's argparse would refuse the
   duplicate option; here e.g. ``benchmark`` can live in a DataArgument and in the training arguments).
 - Fields marked ``metadata={"inert": "<reason>"}`` are accepted but not acted on by this build; when such
@@ -191,12 +194,17 @@ def _load_json(path: str) -> Dict[str, Any]:
     return data
 
 
-def _split_cli(argv: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
-    """``["--a", "1", "--flag", "--b=x"]`` -> ``({"a": ["1"], "flag": [], "b": ["x"]}, errors)``."""
+def _split_cli(argv: Sequence[str], followers: Optional[Dict[str, Optional[str]]] = None
+               ) -> Tuple[Dict[str, List[str]], List[str]]:
+    """``["--a", "1", "--flag", "--b=x"]`` -> ``({"a": ["1"], "flag": [], "b": ["x"]}, errors)``.
+
+    ``followers``, when given, receives for each ``--key`` written without a value the argument after it
+    (the next ``--flag``, or None at the end), so a missing value can be reported precisely.
+    """
     out: Dict[str, List[str]] = {}
     errors: List[str] = []
     key = None
-    for tok in argv:
+    for i, tok in enumerate(argv):
         if tok.startswith("--") and len(tok) > 2:
             name, eq, val = tok[2:].partition("=")
             name = name.replace("-", "_")
@@ -204,11 +212,28 @@ def _split_cli(argv: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
                 errors.append(f"command line: --{name} given twice; keep one")
             out[name] = [val] if eq else []
             key = None if eq else name
+            if not eq and followers is not None:
+                followers[name] = argv[i + 1] if i + 1 < len(argv) and argv[i + 1].startswith("--") else None
         elif key is None:
-            errors.append(f"command line: unexpected value {tok!r} (values must follow a --key)")
+            hint = ("the config file must be the first argument: run.py CONFIG.json [--key value ...]"
+                    if _is_config_path(tok) else "values must follow a --key")
+            errors.append(f"command line: unexpected value {tok!r} ({hint})")
         else:
             out[key].append(tok)
     return out, errors
+
+
+def _is_config_path(token: str) -> bool:
+    return token.lower().endswith((".json", ".yaml", ".yml"))
+
+
+def _no_value_error(key: str, tp, follower: Optional[str]) -> str:
+    """The one-line error of ``--key`` given without a value (``tp``: the field's type)."""
+    inner, optional = _unwrap_optional(tp)
+    kind = _type_name(inner) + (" or null" if optional else "")
+    where = f"it is followed by {follower.split('=')[0]}" if follower else "it is the last argument"
+    return (f"command line: --{key} needs a value ({kind}) but {where}; write --{key} <value> "
+            f"(or --{key}=<value>)")
 
 
 class PdArgumentParser:
@@ -252,13 +277,18 @@ class PdArgumentParser:
         return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
     def parse_dict(self, values: Dict[str, Any], source: str = "dict",
-                   cli: Optional[Dict[str, List[str]]] = None, errors: Optional[List[str]] = None):
+                   cli: Optional[Dict[str, List[str]]] = None, errors: Optional[List[str]] = None,
+                   cli_followers: Optional[Dict[str, Optional[str]]] = None):
         """Build the dataclasses from a dict of JSON values, then apply ``cli`` string overrides.
 
-        Returns a tuple with one instance per dataclass type. ``source`` names the dict in messages.
+        Returns a tuple with one instance per dataclass type. ``source`` names the dict in messages;
+        ``cli_followers`` (from ``_split_cli``) names what followed a ``--key`` given without a value.
+        One problem is raised as its own line; several as a list under a count.
         """
         errors = list(errors or [])
         cli = cli or {}
+        cli_followers = cli_followers or {}
+        failed = set()  # keys whose given value was rejected: not reported "missing" a second time
         kwargs: List[Dict[str, Any]] = [{} for _ in self.dataclass_types]
         set_keys: List[str] = []
         # the command line wins: a key given there replaces the file's value before conversion
@@ -268,19 +298,26 @@ class PdArgumentParser:
         for key, raw, from_cli, where in items:
             owners = [i for i, fields in enumerate(self._fields) if key in fields]
             if not owners:
-                errors.append(f"{where}: unknown key {key!r}{self._suggest(key)}")
+                errors.append(f"{where}: unknown key {key!r}" + (self._suggest(key) or "; --help lists every key"))
                 continue
             for i in owners:
                 tp = self._hints[i][key]
                 value = raw
-                if from_cli and raw == [] and _unwrap_optional(tp)[0] is bool:
+                if from_cli and raw == []:
+                    if _unwrap_optional(tp)[0] is not bool:
+                        if i == owners[0]:
+                            errors.append(_no_value_error(key, tp, cli_followers.get(key)))
+                        bad_class.add(i)
+                        failed.add(key)
+                        continue
                     value = ["true"]  # bare --flag
                 try:
                     kwargs[i][key] = _convert_value(value, tp, from_cli)
                 except ValueError as e:
                     if i == owners[0]:
-                        errors.append(f"{where}: key {key!r}: {e}")
+                        errors.append(self._value_error(key, value, tp, e, where, from_cli))
                     bad_class.add(i)
+                    failed.add(key)
             if key not in set_keys:
                 set_keys.append(key)
 
@@ -288,7 +325,7 @@ class PdArgumentParser:
         for i, t in enumerate(self.dataclass_types):
             missing = [name for name, f in self._fields[i].items()
                        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                       and name not in kwargs[i]]
+                       and name not in kwargs[i] and name not in failed]
             for name in missing:
                 errors.append(f"{source}: required key {name!r} ({t.__name__}) is missing; set it in the "
                               f"JSON or pass --{name} <value>")
@@ -299,6 +336,8 @@ class PdArgumentParser:
             except ValueError as e:
                 msg = str(e)
                 errors.append(msg if msg.startswith(t.__name__) else f"{t.__name__}: {msg}")
+        if len(errors) == 1:
+            raise ValueError(errors[0])
         if errors:
             raise ValueError(f"{len(errors)} problem(s) in the arguments:\n  - " + "\n  - ".join(errors))
 
@@ -313,6 +352,19 @@ class PdArgumentParser:
                 "These keys are accepted for PaddleNLP compatibility but not acted on by this build: "
                 + "; ".join(f"{k} ({r})" for k, r in self.inert_keys_set))
         return tuple(outputs)
+
+    @staticmethod
+    def _value_error(key: str, value: Any, tp, e: ValueError, where: str, from_cli: bool) -> str:
+        """One line for a value that did not convert; on the command line it names ``--key``, and several words
+        given to a one-value key say how to pass them."""
+        if not from_cli:
+            return f"{where}: key {key!r}: {e}"
+        origin = typing.get_origin(_unwrap_optional(tp)[0])
+        if isinstance(value, list) and len(value) > 1 and origin not in (list, tuple):
+            hint = ("the config file must be the first argument: run.py CONFIG.json [--key value ...]"
+                    if any(_is_config_path(v) for v in value[1:]) else "quote a value that contains spaces")
+            return f"command line: --{key} takes one value, got {len(value)}: {' '.join(value)} ({hint})"
+        return f"command line: --{key}: {e}"
 
     def parse_json_file(self, json_file: str):
         """Parse a JSON config file (no command-line overrides). Returns one instance per dataclass type."""
@@ -342,8 +394,9 @@ class PdArgumentParser:
     def parse_args_into_dataclasses(self, argv: Optional[Sequence[str]] = None):
         """Parse ``--key value`` arguments only (no config file). ``argv`` defaults to ``sys.argv[1:]``."""
         argv = list(sys.argv[1:] if argv is None else argv)
-        cli, errors = _split_cli(argv)
-        return self.parse_dict({}, source="command line", cli=cli, errors=errors)
+        followers: Dict[str, Optional[str]] = {}
+        cli, errors = _split_cli(argv, followers)
+        return self.parse_dict({}, source="command line", cli=cli, errors=errors, cli_followers=followers)
 
     def parse_json_file_and_cmd_lines(self, argv: Optional[Sequence[str]] = None):
         """``argv = [cfg.json, --key, value, ...]``: JSON first, then the overrides (the command line wins).
@@ -359,8 +412,9 @@ class PdArgumentParser:
                              f"usage: run.py config.json [--key value ...]")
         path = argv[0]
         values = self._load_yaml(path) if path.lower().endswith((".yaml", ".yml")) else _load_json(path)
-        cli, errors = _split_cli(argv[1:])
-        return self.parse_dict(values, source=path, cli=cli, errors=errors)
+        followers: Dict[str, Optional[str]] = {}
+        cli, errors = _split_cli(argv[1:], followers)
+        return self.parse_dict(values, source=path, cli=cli, errors=errors, cli_followers=followers)
 
     def format_help(self, prog: Optional[str] = None) -> str:
         """Usage line and, per dataclass, every key with its type, default and help text."""

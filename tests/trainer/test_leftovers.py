@@ -190,3 +190,65 @@ def test_run_cli_prints_a_save_error_as_one_line(capsys, monkeypatch):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: could not write checkpoint checkpoint-4 to /x") and "Traceback" not in err
+
+
+# ---- 2. malformed command lines: one line naming the flag ---------------------------------------------------------
+
+SFT_JSON = str(Path(__file__).resolve().parents[2] / "config" / "smollm2" / "sft.json")
+
+
+def _cli_error(*argv: str) -> str:
+    from paddlenlp_ext.trainer.arguments import parse_sft_args
+
+    with pytest.raises(ValueError) as info:
+        parse_sft_args([SFT_JSON, *argv])
+    return str(info.value)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--output_dir"], "command line: --output_dir needs a value (str) but it is the last argument; "
+                       "write --output_dir <value>"),
+    (["--output_dir", "--max_steps", "3"], "command line: --output_dir needs a value (str) but it is followed by "
+                                           "--max_steps; write --output_dir <value>"),
+    (["--max_steps", "--bf16", "false"], "--max_steps needs a value (int) but it is followed by --bf16"),
+    (["--foo", "3"], "command line: unknown key 'foo'; --help lists every key"),
+    (["--max_stesp", "3"], "command line: unknown key 'max_stesp'; did you mean 'max_steps'"),
+    (["--max_steps", "3", "--max_steps", "4"], "command line: --max_steps given twice; keep one"),
+    (["--max_steps=3", "--max_steps", "4"], "command line: --max_steps given twice; keep one"),
+    (["--max_steps", "3", "4"], "command line: --max_steps takes one value, got 2: 3 4"),
+    (["--max_steps=x"], "command line: --max_steps: expected an int, got 'x'"),
+    (["--max_steps", "3", SFT_JSON], "the config file must be the first argument"),
+    (["3"], "command line: unexpected value '3' (values must follow a --key)"),
+])
+def test_malformed_command_line_is_one_line_naming_the_flag(argv, expected):
+    msg = _cli_error(*argv)
+    assert expected in msg
+    assert "\n" not in msg  # one line: no "N problem(s)" list with a second, misleading entry
+    assert "sft.json" not in msg or "config file" in msg  # the JSON is not blamed for a command-line mistake
+
+
+def test_command_line_syntax_still_accepted():
+    from paddlenlp_ext.trainer.arguments import parse_sft_args
+
+    _, _, args = parse_sft_args([SFT_JSON, "--max_steps=3", "--output-dir", "/tmp/o", "--bf16", "--do_eval",
+                                 "false", "--report_to", "none"])
+    assert (args.max_steps, args.output_dir, args.bf16, args.do_eval) == (3, "/tmp/o", True, False)
+
+
+def test_several_problems_are_still_listed_together():
+    msg = _cli_error("--output_dir", "--foo", "1")
+    assert msg.startswith("2 problem(s) in the arguments:")
+    assert "--output_dir needs a value" in msg and "unknown key 'foo'" in msg
+    assert "required key 'output_dir'" not in msg  # the flag's own error, not a second 'missing' one
+
+
+def test_launcher_prints_the_missing_value_error_line():
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "llm" / "run_finetune.py"
+    proc = subprocess.run([sys.executable, str(script), SFT_JSON, "--output_dir"], capture_output=True, text=True,
+                          env=dict(os.environ, PADDLENLP_EXT_TRACEBACK="0"), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[0] == ("error: command line: --output_dir needs a value (str) but it is the "
+                                           "last argument; write --output_dir <value> (or --output_dir=<value>)")
