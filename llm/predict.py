@@ -6,8 +6,22 @@ Usage:
 
 ``--model_name_or_path`` is a local HF directory (ours or transformers'), the embedded SmolLM2 name, or a LoRA
 output directory (PEFT ``adapter_config.json`` + ``adapter_model.safetensors``: the base model named in its
-``base_model_name_or_path`` is loaded and the adapter merged into it). Replies use the tokenizer's chat template;
-without ``--prompt``, a tty gets an interactive multi-turn loop and piped stdin is answered line by line.
+``base_model_name_or_path`` is loaded and the adapter merged into it). Without ``--prompt``, a tty gets an
+interactive multi-turn chat and piped stdin is answered line by line, each line on its own (no history).
+
+Interactive chat: every turn sees the whole conversation so far. ``/reset`` starts a new conversation (the
+``--system`` message stays), ``/exit``, ``/quit`` or Ctrl-D ends; an empty line is ignored. The prompt is capped
+at ``--src_length`` tokens (default: the model's ``max_position_embeddings`` minus ``--max_new_tokens``); when
+the conversation grows past it, the oldest whole turns (user message + reply) are dropped, the system message
+kept, and a notice is printed. A single message longer than the cap is refused with a notice.
+
+Prompt format (:func:`encode_conversation`), as PaddleNLP's ``BasePredictor._preprocess``: with a chat template,
+the conversation goes through ``tokenizer.apply_chat_template`` (PaddleNLP applies the template to the whole
+conversation and adds no other special tokens); without one, turns are concatenated as plain token ids in the
+layout SFT trains on without a template (``paddlenlp_ext.datasets.sft``: ``<bos> user`` + ``reply </s>`` per
+finished turn, then ``<bos> user``; PaddleNLP tokenizes the raw text with its special tokens). Difference:
+PaddleNLP cuts an over-long prompt to its last ``src_length`` tokens, mid-turn and losing the system prompt; we
+drop whole oldest turns, as our SFT truncation does.
 """
 
 from __future__ import annotations
@@ -16,13 +30,14 @@ import argparse
 import os
 import sys
 import time
+from typing import Callable, Sequence
 
 import torch
 
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME
 from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE
 from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
-from paddlenlp_ext.transformers.generation import chat
+from paddlenlp_ext.transformers.generation import generate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -32,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt", default=None, help="one user message; without it, read prompts interactively")
     p.add_argument("--system", default=None, help="optional system message")
     p.add_argument("--max_new_tokens", type=int, default=128)
+    p.add_argument("--src_length", type=int, default=None,
+                   help="prompt cap in tokens (PaddleNLP's name); the oldest turns are dropped past it. Default: "
+                        "the model's max_position_embeddings - max_new_tokens")
     p.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top_k", type=int, default=0)
@@ -67,6 +85,144 @@ def load_model_and_tokenizer(path: str, dtype: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
 
 
+Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+
+
+def encode_conversation(tokenizer, messages: Sequence[Message]) -> list[int]:
+    """Prompt token ids of ``messages`` (ending with a user message), ready for the reply to be generated.
+
+    With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)`` (the ids
+    ``paddlenlp_ext.transformers.generation.chat`` uses). Without one: plain concatenation in the no-template SFT
+    layout, ``[bos] user_i`` + ``reply_i [eos]`` per finished turn and ``[bos] user`` last (no bos/eos when the
+    tokenizer has none); a system message, which that layout has no slot for, is prepended as text to the first
+    user message. Returns a list of int token ids.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        enc = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=True)
+        return list(enc["input_ids"])
+    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+    ids: list[int] = []
+    for m in messages:
+        if m["role"] == "user":
+            text = f"{system}\n{m['content']}" if system is not None else m["content"]
+            system = None
+            ids += ([bos] if bos is not None else []) + list(tokenizer.encode(text, add_special_tokens=False))
+        elif m["role"] == "assistant":
+            ids += list(tokenizer.encode(m["content"], add_special_tokens=False)) + ([eos] if eos is not None else [])
+    return ids
+
+
+def fit_history(messages: Sequence[Message], count_tokens: Callable[[Sequence[Message]], int],
+                max_tokens: int) -> tuple[list[Message], int]:
+    """Drop the oldest whole turns of ``messages`` until ``count_tokens(kept) <= max_tokens``.
+
+    Args:
+        messages: an optional leading system message, then user/assistant turns, ending with the new user message.
+        count_tokens: the prompt length in tokens of a message list (e.g. ``len(encode_conversation(tok, m))``).
+        max_tokens: the cap (``--src_length``).
+
+    Returns ``(kept, dropped_turns)``: the system message (if any) and the newest turns that fit; a turn is a
+    user message with the replies after it, so the conversation never starts with a reply.
+
+    Raises:
+        ValueError: the system message and the new user message alone exceed ``max_tokens``.
+    """
+    head = [m for m in messages[:1] if m["role"] == "system"]
+    turns: list[list[Message]] = []
+    for m in messages[len(head):]:
+        if m["role"] == "user" or not turns:
+            turns.append([m])
+        else:
+            turns[-1].append(m)
+    dropped = 0
+    while True:
+        kept = head + [m for t in turns[dropped:] for m in t]
+        n = count_tokens(kept)
+        if n <= max_tokens:
+            return kept, dropped
+        if dropped == len(turns) - 1:
+            raise ValueError(f"the message is too long: {n} prompt tokens (with the system message and template) > "
+                             f"the cap of {max_tokens} (--src_length); shorten it, or lower --max_new_tokens")
+        dropped += 1
+
+
+class Conversation:
+    """The interactive chat's history with its token cap (see :func:`fit_history`).
+
+    Args:
+        encode: ``messages -> prompt token ids`` (:func:`encode_conversation` with a tokenizer).
+        max_tokens: prompt cap in tokens.
+        system: optional system message, kept across :meth:`reset` and truncation.
+    """
+
+    def __init__(self, encode: Callable[[Sequence[Message]], list[int]], max_tokens: int, system: str | None = None):
+        self.encode, self.max_tokens = encode, max_tokens
+        self.base: list[Message] = [{"role": "system", "content": system}] if system else []
+        self.messages: list[Message] = list(self.base)
+
+    def reset(self) -> None:
+        self.messages = list(self.base)
+
+    def prompt_for(self, text: str) -> tuple[list[int], int]:
+        """Add the user message ``text``; returns ``(prompt ids, oldest turns dropped to fit)``.
+        Raises ValueError (history unchanged) when the message alone does not fit."""
+        kept, dropped = fit_history(self.messages + [{"role": "user", "content": text}],
+                                    lambda m: len(self.encode(m)), self.max_tokens)
+        self.messages = kept
+        return self.encode(kept), dropped
+
+    def add_reply(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
+
+
+def interactive(conv: Conversation, respond: Callable[[list[int]], str], read: Callable[[str], str],
+                say: Callable[[str], None], notify: Callable[[str], None]) -> None:
+    """The interactive loop: ``read(prompt) -> line`` (EOFError ends), ``respond(ids) -> reply``, ``say`` prints
+    a reply, ``notify`` a notice. Commands: ``/reset``, ``/exit``, ``/quit``; empty lines are ignored."""
+    notify("Interactive chat (multi-turn): /reset starts over, /exit or Ctrl-D quits.")
+    while True:
+        try:
+            text = read("user> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            notify("")
+            return
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            conv.reset()
+            notify("[conversation reset]")
+            continue
+        try:
+            ids, dropped = conv.prompt_for(text)
+        except ValueError as e:
+            notify(f"[not sent: {e}]")
+            continue
+        if dropped:
+            notify(f"[context: the conversation passed {conv.max_tokens} tokens (--src_length); dropped the oldest "
+                   f"{dropped} turn(s)]")
+        answer = respond(ids)
+        conv.add_reply(answer)
+        say(f"assistant> {answer}")
+
+
+def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
+    """``src_length`` or ``max_position_embeddings - max_new_tokens``; ValueError when that leaves no room."""
+    if src_length is not None:
+        if src_length < 1:
+            raise ValueError(f"--src_length must be >= 1, got {src_length}")
+        return src_length
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not max_pos:
+        return 1 << 30  # the model states no limit
+    if max_pos - max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
+                         f"max_position_embeddings {max_pos}; lower --max_new_tokens")
+    return max_pos - max_new_tokens
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.max_new_tokens < 1:
@@ -78,39 +234,38 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.num_threads)
     model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype)
     model = model.to(args.device)
-    gen = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    cap = prompt_cap(model, args.max_new_tokens, args.src_length)
+    gen = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if args.do_sample:
         gen["generator"] = torch.Generator(device=args.device).manual_seed(args.seed)
-    base = [{"role": "system", "content": args.system}] if args.system else []
-    history = list(base)
 
-    def reply(text: str) -> str:
-        history.append({"role": "user", "content": text})
+    def respond(ids: list[int]) -> str:
         t0 = time.perf_counter()
-        answer = chat(model, tokenizer, history, args.max_new_tokens, **gen)
-        n = len(tokenizer(answer)["input_ids"])
-        print(f"[{n} tokens, {n / (time.perf_counter() - t0):.1f} tokens/s]", file=sys.stderr)
-        history.append({"role": "assistant", "content": answer})
-        return answer
+        prompt = torch.tensor([ids], dtype=torch.long, device=args.device)  # [1, L]
+        out = generate(model, prompt, args.max_new_tokens, **gen)
+        new = out[0, prompt.shape[1]:]
+        print(f"[{new.numel()} tokens, {new.numel() / (time.perf_counter() - t0):.1f} tokens/s]", file=sys.stderr)
+        return tokenizer.decode(new, skip_special_tokens=True).strip()
 
+    conv = Conversation(lambda m: encode_conversation(tokenizer, m), cap, args.system)
     if args.prompt is not None:
-        print(reply(args.prompt))
+        ids, _ = conv.prompt_for(args.prompt)  # too long: ValueError, one error line
+        print(respond(ids))
         return 0
     if not sys.stdin.isatty():  # piped input: one prompt per line, each answered without history
         for line in sys.stdin:
             if line.strip():
-                history[:] = base
-                print(reply(line.strip()))
+                conv.reset()
+                try:
+                    ids, _ = conv.prompt_for(line.strip())
+                except ValueError as e:
+                    print(f"[predict] line skipped: {e}", file=sys.stderr)
+                    print()  # one output line per input line
+                    continue
+                print(respond(ids))
         return 0
-    print("Interactive chat; empty line or Ctrl-D to quit.", file=sys.stderr)
-    while True:
-        try:
-            text = input("user> ").strip()
-        except EOFError:
-            break
-        if not text:
-            break
-        print("assistant>", reply(text))
+    interactive(conv, respond, input, print, lambda msg: print(msg, file=sys.stderr))
     return 0
 
 
