@@ -61,6 +61,7 @@ def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
     Raises:
         FileNotFoundError: ``path`` does not exist, or is a directory (the message says which).
         ValueError: ``<path>:<line>: ...`` for a line that is not UTF-8 or not valid JSON (with the column).
+            A UTF-8 byte-order mark at the start of the file is skipped.
     """
     if os.path.isdir(path):
         raise FileNotFoundError(f"{path!r} is a directory; give the jsonl file of {kind} records inside it")
@@ -70,7 +71,8 @@ def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                # utf-8-sig on line 1: a byte-order mark (Windows editors) is not part of the first record
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start} of the line); "
                                  f"save the file as UTF-8") from None
