@@ -124,7 +124,9 @@ def save_error_message(what: str, target: str | os.PathLike, err_no: int | None,
     free = ""
     if probe is not None:
         with contextlib.suppress(OSError):
-            free = f"; {shutil.disk_usage(probe).free / 2**20:.1f} MiB free there now"
+            left = shutil.disk_usage(probe).free
+            free = f"; {left / 2**20:.1f} MiB" if left >= 2**20 else f"; {left // 1024} KiB"
+            free += " free there now"
     full = err_no in (errno_mod.ENOSPC, getattr(errno_mod, "EDQUOT", -1)) or err_no is None
     fix = ("free disk space (or raise the quota), or point output_dir at a disk with room" if full else
            "make the directory writable, or point output_dir somewhere writable")
@@ -242,24 +244,24 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
             and the fix; chained to the writer's error. Other errors propagate unchanged.
     """
     out = Path(output_dir)
-    final = out / f"{PREFIX}-{step}"
-    previous = [p for p in list_checkpoints(out) if p != final]
-    if previous:
-        intact = (f"The temporary {final.name}.tmp was removed and the previous checkpoint {previous[-1]} is intact "
-                  "(a checkpoint is renamed into place only when complete; older ones are rotated out only after), "
-                  f"so a rerun resumes from it.")
-        size_hint = f" (the last checkpoint takes {_dir_mib(previous[-1]):.1f} MiB)"
-    else:
-        intact = (f"The temporary {final.name}.tmp was removed; there is no earlier checkpoint in {out}, so a rerun "
-                  "starts from step 0.")
-        size_hint = ""
     try:
         return _save_checkpoint(out, step, model, optimizer, scheduler, trainer_state, data_state, save_total_limit)
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
         failure = write_failure(e)
         if failure is None:
             raise
-        msg = save_error_message(f"checkpoint {final.name}", out, failure[0], failure[1], intact, size_hint)
+        name = f"{PREFIX}-{step}"
+        previous = [p for p in list_checkpoints(out) if p.name != name]  # the failed save left no checkpoint
+        if previous:
+            intact = (f"The temporary {name}.tmp was removed and the previous checkpoint {previous[-1]} is intact "
+                      "(a checkpoint is renamed into place only when complete; older ones are rotated out only "
+                      "after), so a rerun resumes from it.")
+            size_hint = f" (the last checkpoint takes {_dir_mib(previous[-1]):.1f} MiB)"
+        else:
+            intact = (f"The temporary {name}.tmp was removed; there is no earlier checkpoint in {out}, so a rerun "
+                      "starts from step 0.")
+            size_hint = ""
+        msg = save_error_message(f"checkpoint {name}", out, failure[0], failure[1], intact, size_hint)
         raise SaveError(failure[0], msg) from e
 
 
