@@ -114,6 +114,12 @@ def main(argv=None) -> dict:
     for split, ds in datasets.items():
         if hasattr(ds, "__len__"):
             logger.info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_length)
+            used = training_args.do_train if split == "train" else training_args.do_eval and split == "dev"
+            if used and len(ds) == 0:
+                raise ValueError(f"the {split} split of {data_args.dataset_name_or_path} has no example left after "
+                                 f"tokenisation: none fits max_length={data_args.max_length} "
+                                 f"(src_length={data_args.src_length}; see the 'dropped' warning above). Raise "
+                                 f"max_length / src_length or shorten the examples")
     trainer = Trainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                       data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
                       parallel_dims=parallel_dims)
