@@ -230,7 +230,12 @@ def _is_config_path(token: str) -> bool:
 def _no_value_error(key: str, tp, follower: Optional[str]) -> str:
     """The one-line error of ``--key`` given without a value (``tp``: the field's type)."""
     inner, optional = _unwrap_optional(tp)
-    kind = _type_name(inner) + (" or null" if optional else "")
+    if typing.get_origin(inner) in (list, tuple):
+        (elem,) = typing.get_args(inner)[:1] or (Any,)
+        kind = f"one or more {_type_name(elem)} values"
+    else:
+        kind = _type_name(inner)
+    kind += ", or none" if optional else ""
     where = f"it is followed by {follower.split('=')[0]}" if follower else "it is the last argument"
     return (f"command line: --{key} needs a value ({kind}) but {where}; write --{key} <value> "
             f"(or --{key}=<value>)")
