@@ -41,7 +41,9 @@ from paddlenlp_ext.transformers.generation import generate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                epilog="Interactive chat (a tty, no --prompt): multi-turn; /reset starts over, /exit, "
+                                       "/quit or Ctrl-D quits; the oldest turns are dropped past --src_length.")
     p.add_argument("--model_name_or_path", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                    help="local HF directory, or HuggingFaceTB/SmolLM2-135M-Instruct (embedded)")
     p.add_argument("--prompt", default=None, help="one user message; without it, read prompts interactively")
