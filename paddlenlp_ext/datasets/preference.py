@@ -56,7 +56,8 @@ def check_preference_data(data: dict, where: str = "<example>") -> PreferenceExa
 
     Raises:
         ValueError: naming ``where`` (``file:line``) and the rule broken: missing key, ``len(src) != len(tgt)+1``,
-            not exactly 2 responses / 2 sorts, an empty response, equal sorts, a non-string turn.
+            not exactly 2 responses / 2 sorts, an empty response, a sort that is not a number (or NaN), equal
+            sorts, a non-string turn.
     """
     if not isinstance(data, dict):
         raise ValueError(f"{where}: a preference record must be a JSON object, got {type(data).__name__}")
@@ -79,7 +80,8 @@ def check_preference_data(data: dict, where: str = "<example>") -> PreferenceExa
         raise ValueError(f"{where}: rule 'exactly 2 responses and 2 sorts' broken: got response={resp!r}, sort={sort!r}")
     if not all(isinstance(r, str) and r.strip() for r in resp):
         raise ValueError(f"{where}: rule 'responses must be non-empty strings' broken: got {resp!r}")
-    if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in sort):
+    # s == s rejects NaN (json reads a bare NaN token): NaN compares False both ways and cannot order the pair
+    if not all(isinstance(s, (int, float)) and not isinstance(s, bool) and s == s for s in sort):
         raise ValueError(f"{where}: rule 'sort values are numbers' broken: got {sort!r}")
     if sort[0] == sort[1]:
         raise ValueError(f"{where}: rule 'the two sort values differ' broken: got {sort!r}")
