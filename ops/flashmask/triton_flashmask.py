@@ -21,7 +21,7 @@ import triton.runtime.errors  # noqa: F401  (OutOfResources)
 
 from .triton_bwd import _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel, _flashmask_bwd_preprocess_kernel
 from .triton_fwd import _flashmask_fwd_kernel
-from .triton_prep import MaskVectors
+from .triton_prep import MaskVectors, _env_choice
 
 LOG2E = 1.4426950408889634
 
@@ -32,15 +32,6 @@ def _interpreting() -> bool:
 
 def _pow2(x: int) -> int:
     return max(16, triton.next_power_of_2(x))
-
-
-def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    """The value of environment switch ``name`` (``default`` when unset); ValueError naming it otherwise."""
-    val = os.environ.get(name, default)
-    if val not in choices:
-        raise ValueError(f"{name}={val!r} is not one of {choices} (see ops/flashmask/README.md); unset it for "
-                         f"the default {default!r}")
-    return val
 
 
 def _env_cfg(name: str, keys: tuple[str, ...]) -> dict | None:
@@ -366,7 +357,7 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
         ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16); an
             unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS`` /
-            ``FLASHMASK_DP_FIRST``.
+            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP``.
     """
     if not q.is_cuda and not _interpreting():
         raise RuntimeError(

@@ -11,12 +11,31 @@ classes become per-block visit lists (partial first, then unmasked) that the ker
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+from . import triton_blocklists as tl_lists
+
 # Row order of the min/max table: [vector, stat] -> row index.
 LTS_MIN, LTS_MAX, LTE_MIN, LTE_MAX, UTS_MIN, UTS_MAX, UTE_MIN, UTE_MAX = range(8)
+
+
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The value of environment switch ``name`` (``default`` when unset); ValueError naming it otherwise."""
+    val = os.environ.get(name, default)
+    if val not in choices:
+        raise ValueError(f"{name}={val!r} is not one of {choices} (see ops/flashmask/README.md); unset it for "
+                         f"the default {default!r}")
+    return val
+
+
+def _torch_prep() -> bool:
+    """``FLASHMASK_PREP=torch`` builds the min/max tables and visit lists with the pure-PyTorch references
+    instead of the Triton launches (benchmarking switch; the results are bitwise equal)."""
+    return _env_choice("FLASHMASK_PREP", "triton", ("triton", "torch")) == "torch"
 
 
 class MaskVectors:
@@ -51,17 +70,26 @@ class MaskVectors:
         self._mm, self._lists = {}, {}
 
     def block_minmax(self, block_n: int) -> torch.Tensor:
-        """int32 ``[8, B*H_mask, NB]`` min/max of each vector per key block of ``block_n`` columns (cached).
+        """int32 ``[8, B*H_mask, NB]`` min/max of each vector per key block of ``block_n`` columns (cached; one
+        Triton launch, ``triton_blocklists.block_minmax``; ``[8, 1, 1]`` zeros without a mask).
 
         Absent vectors hold their defaults (LTE = S_q, UTS = 0, UTE = 0). The tail block is padded by
         repeating the last column, which leaves min and max unchanged.
         """
-        if block_n in self._mm:
-            return self._mm[block_n]
+        if block_n not in self._mm:
+            if _torch_prep():
+                self._mm[block_n] = self.block_minmax_reference(block_n)
+            elif self.has_mask:
+                self._mm[block_n] = tl_lists.block_minmax(self.lts, self.lte, self.uts, self.ute, self.seq_q,
+                                                          block_n, self.has_lte, self.has_ut, self.has_uts)
+            else:
+                self._mm[block_n] = torch.zeros(8, 1, 1, dtype=torch.int32, device=self.lts.device)
+        return self._mm[block_n]
+
+    def block_minmax_reference(self, block_n: int) -> torch.Tensor:
+        """Pure-PyTorch :meth:`block_minmax` (uncached; the tests' reference)."""
         if not self.has_mask:
-            mm = torch.zeros(8, 1, 1, dtype=torch.int32, device=self.lts.device)
-            self._mm[block_n] = mm
-            return mm
+            return torch.zeros(8, 1, 1, dtype=torch.int32, device=self.lts.device)
         bh, s_k = self.lts.shape
         nb = triton.cdiv(s_k, block_n)
         idx = torch.arange(nb * block_n, device=self.lts.device).clamp_(max=s_k - 1)
@@ -75,11 +103,9 @@ class MaskVectors:
                 out[2 * slot + 1] = blocks.amax(-1)
             else:
                 out[2 * slot : 2 * slot + 2] = defaults[slot + 1]
-        self._mm[block_n] = out
         return out
 
-
-    def tile_classes(self, block_m: int, block_n: int):
+    def tile_classes_reference(self, block_m: int, block_n: int):
         """Tile classes on the ``[Tr, Tc]`` grid of ``block_m`` x ``block_n`` tiles, from the min/max only.
 
         Returns bool ``(live, partial)``, each ``[L, Tr, Tc]`` with L = B*H_mask (1 without a mask): live = not
@@ -97,7 +123,7 @@ class MaskVectors:
             live = live & (c0 <= r1 - 1)
             partial = partial | (c0 + block_n - 1 > r0)
         if self.has_mask:
-            mm = self.block_minmax(block_n)[:, :, None, :]  # [8, L, 1, Tc]
+            mm = self.block_minmax_reference(block_n)[:, :, None, :]  # [8, L, 1, Tc]
             full = r0 >= mm[LTS_MAX]
             part = r1 > mm[LTS_MIN]
             if self.has_lte:
@@ -117,7 +143,8 @@ class MaskVectors:
         return live, partial
 
     def block_lists(self, block_m: int, block_n: int, by_key: bool):
-        """Per outer block, the inner blocks to visit: partial ones first, then unmasked ones (cached).
+        """Per outer block, the inner blocks to visit: partial ones first, then unmasked ones (cached; one Triton
+        launch, ``triton_blocklists.block_lists``, equal to :meth:`block_lists_reference`).
 
         ``by_key=False`` (forward, dQ): outer = query blocks, inner = key blocks; ``True`` (dK/dV): outer =
         key blocks, inner = query blocks. Returns ``(idx int32 [L, R, T], n_partial int32 [L, R],
@@ -129,9 +156,18 @@ class MaskVectors:
         (flashmask.md §2.4), built on the device from the O(N) min/max in O(Tr*Tc) without evaluating any element.
         """
         key = (block_m, block_n, by_key)
-        if key in self._lists:
-            return self._lists[key]
-        live, partial = self.tile_classes(block_m, block_n)
+        if key not in self._lists and _torch_prep():
+            self._lists[key] = self.block_lists_reference(block_m, block_n, by_key)
+        if key not in self._lists:
+            self._lists[key] = tl_lists.block_lists(
+                self.block_minmax(block_n), self.lts.shape[0] if self.has_mask else 1, self.seq_q, self.seq_k,
+                block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
+        return self._lists[key]
+
+    def block_lists_reference(self, block_m: int, block_n: int, by_key: bool):
+        """Pure-PyTorch :meth:`block_lists` (uncached; the tests' reference): tile classes, then a stable argsort
+        of the 0/1/2 key (partial / unmasked / fully masked)."""
+        live, partial = self.tile_classes_reference(block_m, block_n)
         if by_key:
             live, partial = live.transpose(1, 2), partial.transpose(1, 2)
         order = torch.where(partial, 0, torch.where(live, 1, 2)).to(torch.int8)
@@ -144,8 +180,7 @@ class MaskVectors:
         last = (t - 1) - unmasked.flip(-1).to(torch.int8).argmax(-1).to(torch.int32)
         contiguous = (n_f == 0) | (last - first + 1 == n_f)
         full_lo = torch.where(contiguous, first, torch.full_like(first, -1)).contiguous()
-        self._lists[key] = (idx, n_p, n_f, full_lo)
-        return self._lists[key]
+        return idx, n_p, n_f, full_lo
 
 
 @triton.jit

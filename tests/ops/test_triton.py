@@ -322,6 +322,24 @@ def test_tma_descriptor_path(monkeypatch, causal, c):
         assert torch.equal(a, b)
 
 
+def test_torch_prep_switch(monkeypatch):
+    """``FLASHMASK_PREP=torch`` (pure-PyTorch min/max and visit lists) gives bitwise the same results as the
+    default Triton preprocessing; another value is a ValueError naming the variable."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, do = make_qkv(1, 50, 50, 2, 1, 16, torch.float32, seed=8)
+    runs = []
+    for mode in ("torch", "triton"):
+        monkeypatch.setenv("FLASHMASK_PREP", mode)
+        sri = random_sri(1, 1, 50, False, 4, gen=torch.Generator().manual_seed(2)).to(DEV)  # fresh: no cache
+        runs.append(_run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, False, 0.25), q, k, v, do))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    monkeypatch.setenv("FLASHMASK_PREP", "off")
+    sri = random_sri(1, 1, 50, False, 4, gen=gen).to(DEV)
+    with pytest.raises(ValueError, match="FLASHMASK_PREP"):
+        _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, False, 0.25), q, k, v, do)
+
+
 def test_unknown_environment_switch_is_an_error(monkeypatch):
     """A typo in a kernel switch must not silently pick a path: ValueError naming the variable."""
     q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)

@@ -1,0 +1,66 @@
+"""Triton mask preprocessing (``flashmask.triton_blocklists``) against its pure-PyTorch reference
+(``MaskVectors.*_reference``): min/max tables and visit lists bitwise equal, every mode, vector count, tile shape
+and orientation, lengths that are not multiples of the tiles, inner lists longer than one chunk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from flashmask import masks as M  # noqa: E402
+from flashmask.triton_prep import MaskVectors  # noqa: E402
+from test_triton import DEV, random_sri  # noqa: E402
+
+TILES = [(16, 16), (16, 32), (32, 16), (64, 128)]
+
+
+def _check(sri, causal, s_q, s_k, tiles=TILES, orientations=(False, True)):
+    mv = MaskVectors(sri, causal, s_q, s_k, torch.device(DEV))
+    for bm, bn in tiles:
+        assert torch.equal(mv.block_minmax(bn), mv.block_minmax_reference(bn)), (bm, bn)
+        for by_key in orientations:
+            got = mv.block_lists(bm, bn, by_key)
+            ref = mv.block_lists_reference(bm, bn, by_key)
+            for name, a, b in zip(("idx", "n_partial", "n_full", "full_lo"), got, ref):
+                assert a.dtype == torch.int32 and a.shape == b.shape, (name, a.shape, b.shape)
+                assert torch.equal(a, b), f"{name} differs: tiles {bm}x{bn} by_key={by_key}"
+
+
+@pytest.mark.parametrize("causal,c", [(True, 1), (True, 2), (False, 2), (False, 4)])
+@pytest.mark.parametrize("s", [1, 37, 300])
+def test_random_masks_match_reference(causal, c, s):
+    gen = torch.Generator().manual_seed(s * 10 + c + causal)
+    _check(random_sri(2, 2, s, causal, c, gen=gen).to(DEV), causal, s, s)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("s", [1, 100, 257])
+def test_no_mask_matches_reference(causal, s):
+    _check(None, causal, s, s)
+
+
+def test_cross_attention_lengths():
+    """S_q != S_k (non-causal only): query and key block counts differ in both orientations."""
+    gen = torch.Generator().manual_seed(3)
+    _check(random_sri(1, 2, 90, False, 4, s_q=50, gen=gen).to(DEV), False, 50, 90)
+
+
+@pytest.mark.parametrize("name", ["causal_document", "share_question", "sliding_window", "global_sliding"])
+def test_builder_masks_and_long_lists(name):
+    """Structured masks (contiguous unmasked runs, so ``full_lo`` >= 0 on most rows) and, at 16-wide tiles
+    over 2200 tokens, 138 inner blocks per list; the 2-chunk path is forced with S = 20000 below."""
+    s = 2200
+    m = {"causal_document": lambda: M.causal_document_mask([[700, 900, 600]]),
+         "share_question": lambda: M.share_question_mask([[(500, [300, 400]), (600, [200, 200])]], seq_len=s),
+         "sliding_window": lambda: M.sliding_window_mask(s, 256),
+         "global_sliding": lambda: M.global_sliding_window_mask(s, 32, (128, 128))}[name]()
+    _check(m.startend_row_indices.to(DEV), m.causal, s, s, tiles=[(16, 16), (64, 128)])
+
+
+def test_inner_list_longer_than_one_chunk():
+    """More than 1024 inner blocks per outer block: the kernel walks its inner blocks in chunks."""
+    s = 20000
+    m = M.causal_document_mask([[9000, 11000]])
+    sri = m.startend_row_indices.to(DEV)
+    _check(sri, True, s, s, tiles=[(16, 4096)], orientations=(True,))  # 1250 query blocks per key block
