@@ -22,6 +22,7 @@ import sys
 
 from paddlenlp_ext.peft import adapter_base_model
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from paddlenlp_ext.trainer.arguments import _file_ancestor
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,6 +69,10 @@ def main(argv=None) -> int:
         raise ValueError(f"--output_path {args.output_path} is the adapter directory; give a new directory")
     if os.path.exists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"--output_path {args.output_path} exists and is not a directory")
+    blocker = _file_ancestor(out)
+    if blocker:
+        raise NotADirectoryError(f"--output_path {args.output_path}: cannot create it, {blocker} is a file; "
+                                 "give a path under a directory")
 
     from paddlenlp_ext.peft import load_merged_lora
     from paddlenlp_ext.transformers.model_utils import atomic_save_dir
