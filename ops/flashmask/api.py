@@ -130,7 +130,8 @@ def flashmask_attention(
             query rows in ``[LTS_j, LTE_j)`` and ``[UTS_j, UTE_j)``. causal=True: C=1 ``[LTS]`` or C=2
             ``[LTS, LTE]``; causal=False: C=2 ``[LTS, UTE]`` or C=4 ``[LTS, LTE, UTS, UTE]``. Values in
             ``[0, S_q]``. None means plain causal or full attention. Builders: :mod:`flashmask.masks`.
-        causal: add the causal mask (query i sees keys j <= i); requires ``S_q == S_k``.
+        causal: add the causal mask (query i sees keys j <= i); requires ``S_q == S_k``. Default True (Paddle's
+            default is False: pass it explicitly when porting, a C=2 mask means different vectors in each mode).
         softmax_scale: score multiplier, default ``D ** -0.5``.
         window_size: sliding window (``w`` causal, ``(wl, wr)`` bidirectional); exclusive with indices.
         dropout: must be 0.0; attention dropout is not implemented (a non-zero value raises).
