@@ -75,13 +75,16 @@ def main(argv=None) -> int:
                                  "give a path under a directory")
 
     from paddlenlp_ext.peft import load_merged_lora
+    from paddlenlp_ext.trainer.checkpoint import explain_write_errors
     from paddlenlp_ext.transformers.model_utils import atomic_save_dir
 
     print(f"[merge_lora_params] base {base} + adapter {args.lora_path} -> {out}", file=sys.stderr)
     model, tokenizer = load_merged_lora(args.lora_path, base, args.dtype)
-    with atomic_save_dir(out) as tmp:  # model and tokenizer appear together or not at all
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    # disk full: one SaveError line naming the directory (run_cli prints it), the temporary directory removed
+    with explain_write_errors(out, "the merged model", after="run merge_lora_params.py again"):
+        with atomic_save_dir(out) as tmp:  # model and tokenizer appear together or not at all
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     print(f"[merge_lora_params] saved the merged model to {out}", file=sys.stderr)
     return 0
 

@@ -37,15 +37,20 @@ class RewardTrainer(Trainer):
         """:meth:`LlamaForScore.save_pretrained` with the tokenizer, so the exported config is the
         ``*ForSequenceClassification`` one and its ``pad_token_id`` and the saved tokenizer's pad agree (see
         ``export_pad_token_id``). Distributed (collective): whole tensors are gathered from the FSDP / TP shards
-        (``full_state_dict``) and global rank 0 writes the same directory one process would."""
+        (``full_state_dict``) and global rank 0 writes the same directory one process would. An OS-level write
+        failure (disk full) raises ``checkpoint.SaveError`` naming the directory and the fix."""
+        from paddlenlp_ext.trainer.checkpoint import explain_write_errors
+
         output_dir = output_dir or self.args.output_dir
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             from paddlenlp_ext.distributed.checkpoint import full_state_dict
 
             sd = full_state_dict(self.model)  # every rank takes part; rank 0 gets the tensors
             if torch.distributed.get_rank() == 0:
-                self.model.save_pretrained(output_dir, state_dict=sd, tokenizer=self.tokenizer)
+                with explain_write_errors(output_dir, "the reward model"):
+                    self.model.save_pretrained(output_dir, state_dict=sd, tokenizer=self.tokenizer)
             torch.distributed.barrier()
             return output_dir
-        self.model.save_pretrained(output_dir, tokenizer=self.tokenizer)
+        with explain_write_errors(output_dir, "the reward model"):  # model, config and tokenizer: one atomic dir
+            self.model.save_pretrained(output_dir, tokenizer=self.tokenizer)
         return output_dir

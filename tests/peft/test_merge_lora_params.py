@@ -98,3 +98,25 @@ def test_bad_paths_give_one_line_errors_and_exit_2(base_and_adapter, tmp_path):
     assert r.stderr.splitlines()[-2].startswith("error: ") and cases[-1][1] in r.stderr.splitlines()[-2]
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_full_disk_is_one_save_error_and_leaves_nothing(base_and_adapter, tmp_path, monkeypatch):
+    """ENOSPC while writing the merged model: checkpoint.SaveError naming the output directory and the rerun,
+    the temporary directory removed, no output directory left behind."""
+    import errno
+
+    import paddlenlp_ext.transformers.model_utils as model_utils
+    from paddlenlp_ext.trainer.checkpoint import SaveError
+
+    def enospc(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    _, lora, _ = base_and_adapter
+    out = tmp_path / "merged"
+    monkeypatch.setattr(model_utils, "save_file", enospc)
+    with pytest.raises(SaveError) as info:
+        _load_script().main(["--lora_path", lora, "--output_path", str(out)])
+    msg = str(info.value)
+    assert info.value.errno == errno.ENOSPC and f"could not write the merged model to {out}" in msg
+    assert "run merge_lora_params.py again" in msg
+    assert os.listdir(tmp_path) == []

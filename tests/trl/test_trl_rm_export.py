@@ -75,3 +75,29 @@ def test_causal_lm_loader_names_a_reward_model_and_an_adapter_dir(tmp_path):
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="LoRA adapter directory"):
         AutoModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+
+
+def test_rm_export_full_disk_is_one_save_error(base, tmp_path, monkeypatch):
+    """ENOSPC while the RM Trainer writes its final model: checkpoint.SaveError naming the directory; the
+    temporary directory is removed and an earlier export stays as it was."""
+    import errno
+    import types
+
+    import paddlenlp_ext.transformers.model_utils as model_utils
+    from paddlenlp_ext.trainer.checkpoint import SaveError
+    from paddlenlp_ext.trl.rm_trainer import RewardTrainer
+
+    out = tmp_path / "rm"
+    model = LlamaForScore.from_pretrained(base)
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    model.save_pretrained(str(out), tokenizer=tok)
+    before = sorted(os.listdir(out))
+    trainer = types.SimpleNamespace(model=model, tokenizer=tok, args=types.SimpleNamespace(output_dir=str(out)))
+
+    def enospc(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(model_utils, "save_file", enospc)
+    with pytest.raises(SaveError, match=f"could not write the reward model to {out}"):
+        RewardTrainer.save_model(trainer)
+    assert os.listdir(tmp_path) == ["rm"] and sorted(os.listdir(out)) == before
