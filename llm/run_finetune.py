@@ -24,9 +24,9 @@ import torch
 
 from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
-from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, is_distributed, keep_final_model,
-                                         lora_plus_optimizer, require_model_path, resume_target, run_cli,
-                                         save_adapter, train_summary)
+from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, is_distributed,
+                                         keep_final_model, lora_plus_optimizer, require_model_path, resume_target,
+                                         run_cli, save_adapter, train_summary)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -135,6 +135,7 @@ def main(argv=None) -> dict:
     if do_eval and not finished:  # a finished run only reports its final dev loss
         summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
     if training_args.do_train:
+        clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
         result = trainer.train(resume_from_checkpoint=resume)
         summary.update(train_summary(result))
         if keep_final_model(result, training_args.output_dir, model_args.lora):

@@ -22,8 +22,8 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, keep_final_model, require_model_path,
-                                         resume_target, run_cli, train_summary)
+from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
+                                         require_model_path, resume_target, run_cli, train_summary)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -67,6 +67,7 @@ def main(argv=None) -> dict:
     if training_args.do_train:
         if train_ds is None:
             raise ValueError("do_train=true needs train_dataset_path")
+        clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
         result = trainer.train(resume_from_checkpoint=resume)
         summary.update(train_summary(result))
         if not (training_args.benchmark or training_args.autotuner_benchmark

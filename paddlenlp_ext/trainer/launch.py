@@ -106,11 +106,9 @@ def resume_target(training_args, model_path: str | None = None):
       checkpoint but a final model already there (full weights or a LoRA adapter, whatever kind this run
       writes), ValueError: training would overwrite it silently, or leave a full model and an adapter side by
       side, which ``transformers`` (adapter applied) and ``predict.py`` (adapter ignored) read differently.
-    - Training with ``overwrite_output_dir``: start over. The old run's outputs are removed first (rank 0;
-      logged): its ``checkpoint-*`` directories (left there, the next rerun would resume the old run, and
-      ``save_total_limit`` would delete the new run's lower-numbered checkpoints before the old ones), its final
-      weights of either kind with their config, ``merged/`` and the TensorBoard ``runs/``. Tokenizer files and
-      anything else stay.
+    - Training with ``overwrite_output_dir``: start over (None). The old run's outputs are removed later, by
+      :func:`clear_previous_run` right before training, so that a mistake found while loading the model or the
+      data leaves them in place.
 
     ``model_path``: the model being fine-tuned; an ``output_dir`` that is that directory is refused with
     ``overwrite_output_dir`` (its weights would be removed before they are loaded).
@@ -132,19 +130,6 @@ def resume_target(training_args, model_path: str | None = None):
         if model_path and os.path.isdir(model_path) and os.path.isdir(out) and os.path.samefile(model_path, out):
             raise ValueError(f"output_dir {out} is the model directory being fine-tuned (model_name_or_path): "
                              "overwrite_output_dir would delete it; choose another output_dir")
-        old = [str(p) for p in ckpts] + _previous_outputs(out)
-        if old and int(os.environ.get("RANK", "0")) == 0:
-            import shutil
-
-            logger.warning("overwrite_output_dir=true: removing the previous run's outputs in %s: %s", out,
-                           ", ".join(os.path.basename(p) for p in old))
-            for p in old:
-                if os.path.isdir(p):
-                    shutil.rmtree(p)
-                else:
-                    os.remove(p)
-        if is_distributed():
-            torch.distributed.barrier()
         return None
     if ckpts:
         logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
@@ -156,6 +141,35 @@ def resume_target(training_args, model_path: str | None = None):
                          "resume: set overwrite_output_dir true to train again and replace it, or choose another "
                          "output_dir")
     return None
+
+
+def clear_previous_run(training_args) -> None:
+    """With ``do_train`` and ``overwrite_output_dir`` (and no ``resume_from_checkpoint``), remove the old run's
+    outputs from ``output_dir`` (rank 0; logged): its ``checkpoint-*`` directories (left there, the next rerun
+    would resume the old run, and ``save_total_limit`` would delete the new run's lower-numbered checkpoints
+    before the old ones), its final weights of either kind with their config, ``merged/`` and the TensorBoard
+    ``runs/``. Tokenizer files and anything else stay. The launchers call it right before ``Trainer.train``, after
+    the model and data have loaded, so a bad config, model path or data file never costs the previous model.
+    """
+    if not (training_args.do_train and training_args.overwrite_output_dir) \
+            or training_args.resume_from_checkpoint is not None:
+        return
+    from paddlenlp_ext.trainer.checkpoint import list_checkpoints
+
+    out = training_args.output_dir
+    old = [str(p) for p in list_checkpoints(out)] + _previous_outputs(out)
+    if old and int(os.environ.get("RANK", "0")) == 0:
+        import shutil
+
+        logger.warning("overwrite_output_dir=true: removing the previous run's outputs in %s: %s", out,
+                       ", ".join(os.path.basename(p) for p in old))
+        for p in old:
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            else:
+                os.remove(p)
+    if is_distributed():
+        torch.distributed.barrier()
 
 
 def _previous_outputs(output_dir: str) -> list[str]:

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paddlenlp_ext.trainer.launch import resume_target
+from paddlenlp_ext.trainer.launch import clear_previous_run, resume_target
 
 
 def _args(out, **kw):
@@ -65,7 +65,10 @@ def test_overwrite_starts_over_and_removes_old_outputs(tmp_path):
         (tmp_path / name).write_bytes(b"x")
     (tmp_path / "merged").mkdir()
     (tmp_path / "runs").mkdir()
-    assert resume_target(_args(tmp_path, overwrite_output_dir=True)) is None
+    args = _args(tmp_path, overwrite_output_dir=True)
+    assert resume_target(args) is None
+    assert all(p.exists() for p in old) and (tmp_path / "model.safetensors").exists()  # nothing removed yet
+    clear_previous_run(args)  # the launchers call it once the model and data have loaded
     assert not any(p.exists() for p in old)
     assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tokenizer.json"]  # the tokenizer and user files stay
 

@@ -1,0 +1,50 @@
+"""overwrite_output_dir removes the previous run's model only once the new run has loaded its model and data:
+a mistake found while loading (here a chat_template path typo, or a data split with nothing that fits) leaves
+the previous model in place (it used to be deleted first, then the run failed)."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _launcher():
+    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory, make_tiny_sft_job):
+    return make_tiny_sft_job(tmp_path_factory.mktemp("overwrite"), n_train=4, n_dev=2)
+
+
+def _argv(root, out, **over):
+    cfg = {"model_name_or_path": str(root / "model"), "dataset_name_or_path": str(root / "data"),
+           "output_dir": str(out), "per_device_train_batch_size": 1, "max_steps": 1, "max_length": 64,
+           "src_length": 32, "flash_mask": True, "do_train": True, "do_eval": False, "disable_tqdm": True,
+           "save_strategy": "no", "chat_after_train": False}
+    cfg.update(over)
+    path = out.parent / f"{out.name}.json"
+    path.write_text(json.dumps(cfg))
+    return [str(path)]
+
+
+def test_failed_rerun_keeps_the_previous_model(tiny_job):
+    mod = _launcher()
+    out = tiny_job / "out"
+    mod.main(_argv(tiny_job, out))
+    weights = out / "model.safetensors"
+    before = weights.read_bytes()
+    with pytest.raises(ValueError, match="chat_template"):
+        mod.main(_argv(tiny_job, out, overwrite_output_dir=True, chat_template=str(tiny_job / "typo.jinja")))
+    assert weights.read_bytes() == before and (out / "config.json").is_file()
+    # a rerun that loads fine still starts over and replaces the model
+    summary = mod.main(_argv(tiny_job, out, overwrite_output_dir=True, learning_rate=1e-2))
+    assert summary["global_step"] == 1 and weights.read_bytes() != before
