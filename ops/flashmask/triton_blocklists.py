@@ -20,6 +20,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _store_minmax(VEC, cols, out, slot, default, PRESENT: tl.constexpr):
+    """``out[0] = min``, ``out[slot] = max`` of ``VEC[cols]``; both ``default`` when the vector is absent."""
+    if PRESENT:
+        x = tl.load(VEC + cols)
+        tl.store(out, tl.min(x, 0))
+        tl.store(out + slot, tl.max(x, 0))
+    else:
+        tl.store(out, default)
+        tl.store(out + slot, default)
+
+
+@triton.jit
 def _block_minmax_kernel(LTS, LTE, UTS, UTE, OUT, S_k, NB, L, S_q,
                          BLOCK_N: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr,
                          HAS_UTS: tl.constexpr):
@@ -27,34 +39,13 @@ def _block_minmax_kernel(LTS, LTE, UTS, UTE, OUT, S_k, NB, L, S_q,
     block repeats the last column); absent vectors get their defaults (LTE = S_q, UTS = UTE = 0)."""
     nb = tl.program_id(0)
     row = tl.program_id(1)
-    cols = tl.minimum(nb * BLOCK_N + tl.arange(0, BLOCK_N), S_k - 1)
-    base = row * S_k
-    slot = L * NB  # OUT is [8, L, NB]
+    cols = row * S_k + tl.minimum(nb * BLOCK_N + tl.arange(0, BLOCK_N), S_k - 1)
+    slot = L * NB  # OUT is [8, L, NB]: rows LTS_MIN, LTS_MAX, LTE_MIN, ..., UTE_MAX
     o = OUT + row * NB + nb
-    x = tl.load(LTS + base + cols)
-    tl.store(o, tl.min(x, 0))
-    tl.store(o + slot, tl.max(x, 0))
-    if HAS_LTE:
-        x = tl.load(LTE + base + cols)
-        tl.store(o + 2 * slot, tl.min(x, 0))
-        tl.store(o + 3 * slot, tl.max(x, 0))
-    else:
-        tl.store(o + 2 * slot, S_q)
-        tl.store(o + 3 * slot, S_q)
-    if HAS_UTS:
-        x = tl.load(UTS + base + cols)
-        tl.store(o + 4 * slot, tl.min(x, 0))
-        tl.store(o + 5 * slot, tl.max(x, 0))
-    else:
-        tl.store(o + 4 * slot, 0)
-        tl.store(o + 5 * slot, 0)
-    if HAS_UT:
-        x = tl.load(UTE + base + cols)
-        tl.store(o + 6 * slot, tl.min(x, 0))
-        tl.store(o + 7 * slot, tl.max(x, 0))
-    else:
-        tl.store(o + 6 * slot, 0)
-        tl.store(o + 7 * slot, 0)
+    _store_minmax(LTS, cols, o, slot, 0, True)
+    _store_minmax(LTE, cols, o + 2 * slot, slot, S_q, HAS_LTE)
+    _store_minmax(UTS, cols, o + 4 * slot, slot, 0, HAS_UTS)
+    _store_minmax(UTE, cols, o + 6 * slot, slot, 0, HAS_UT)
 
 
 @triton.jit
