@@ -28,9 +28,18 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
 
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing or mismatched.
+        ValueError: ``base`` is a random-init ERNIE preset name: a new load is another random model, not the one
+            the adapter was trained on.
     """
     from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
+    from paddlenlp_ext.transformers.ernie35 import is_preset
 
+    if is_preset(base):
+        raise ValueError(f"{lora_path}: the adapter's base {base!r} is a random-init ERNIE preset whose weights were "
+                         "never saved; loading it again builds a different random model, so the adapter cannot be "
+                         "merged into the weights it was trained with. Train with merge_weights: true (the run "
+                         "merges into its own base and writes <output_dir>/merged), or train LoRA on a saved model "
+                         "directory (e.g. an SFT run's output_dir)")
     model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), lora_path))
     has_tok = any(os.path.isfile(os.path.join(lora_path, f)) for f in TOKENIZER_FILES)
     return model, AutoTokenizer.from_pretrained(lora_path if has_tok else base)
