@@ -112,6 +112,9 @@ class AutoModelForCausalLM:
         return _model_class(config.model_type)(config)
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 class AutoTokenizer:
     """``transformers.AutoTokenizer`` on the resolved local directory, offline."""
 
@@ -120,10 +123,24 @@ class AutoTokenizer:
         """Load ``tokenizer.json`` / ``tokenizer_config.json`` from the resolved directory (never the hub).
 
         ERNIE-3.5-SE preset names map to the SmolLM2 tokenizer (their stand-in; ERNIE's own is not available).
+
+        Raises:
+            ValueError: ``name_or_path`` is neither a directory nor the embedded model, or the directory holds
+                no tokenizer file (both messages name ``tokenizer_name_or_path``).
         """
         import transformers
 
         if _ernie_preset(name_or_path):
             name_or_path = SMOLLM2_NAMES[0]
-        path = resolve_model_name_or_path(name_or_path)
+        try:
+            path = resolve_model_name_or_path(name_or_path)
+        except ValueError:
+            raise ValueError(f"tokenizer {name_or_path!r} (tokenizer_name_or_path, else model_name_or_path) is neither a "
+                             f"local directory nor the embedded default model {SMOLLM2_NAMES[0]!r}; point it at a "
+                             "local directory holding tokenizer.json (+ tokenizer_config.json)") from None
+        if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+            # transformers' own message for this case asks to install sentencepiece or tiktoken
+            raise ValueError(f"{path}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); set "
+                             "tokenizer_name_or_path to a directory that has them (e.g. the base model's), or copy "
+                             "them into this directory")
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
