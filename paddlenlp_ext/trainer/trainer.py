@@ -311,6 +311,12 @@ class Trainer:
                         "rank(s)",
                         self.state.global_step + 1, max_steps, max_steps, acc_steps,
                         args.per_device_train_batch_size, self.dp.size)
+            per_epoch = self.micro_batches_per_epoch()
+            if per_epoch is not None and per_epoch < acc_steps:
+                logger.warning("each step takes gradient_accumulation_steps=%d micro-batches but an epoch holds %d "
+                               "micro-batch(es) of %d on this rank: every step repeats packs (lower "
+                               "gradient_accumulation_steps or per_device_train_batch_size, or add data)",
+                               acc_steps, per_epoch, args.per_device_train_batch_size)
         metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
         stream = self._micro_batch_stream()
         window = _Window(self.device)
