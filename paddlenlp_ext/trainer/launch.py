@@ -95,6 +95,13 @@ def save_adapter(trainer, model_args, output_dir: str) -> None:
     if trainer.dp.is_main and trainer.tokenizer is not None:
         with explain_tokenizer_write_errors(trainer.tokenizer, output_dir, "The adapter files"):
             trainer.tokenizer.save_pretrained(output_dir)
+    from paddlenlp_ext.transformers.ernie35 import is_preset
+
+    if is_preset(model_args.model_name_or_path) and not getattr(model_args, "merge_weights", False):
+        logger.warning("the LoRA adapter in %s sits on the random-init preset %s, whose weights are never saved: it "
+                       "cannot be merged or reloaded later (llm/merge_lora_params.py and predict.py refuse it). For "
+                       "a usable result train with merge_weights: true (SFT) or on a saved model directory",
+                       output_dir, model_args.model_name_or_path)
 
 
 def resume_target(training_args, model_path: str | None = None):
