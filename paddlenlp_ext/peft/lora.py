@@ -80,7 +80,8 @@ class LoRAConfig:
         lora_alpha: scaling numerator; ``None`` or ``<= 0`` means PaddleNLP's default ``2 * r`` (``4`` if ``rslora``).
         rslora: scaling ``lora_alpha / sqrt(r)`` instead of ``lora_alpha / r``.
         lora_dropout: dropout on the adapter input (PaddleNLP's SFT leaves it at 0.0).
-        target_modules: regexes full-matched against module names; only ``nn.Linear`` modules are wrapped.
+        target_modules: regexes full-matched against module names or their last part (``q_proj`` or
+            ``.*self_attn.q_proj``); only ``nn.Linear`` modules are wrapped.
         merge_on_eval: merge the adapter into the base weight on ``eval()`` and unmerge (exactly) on ``train()``:
             PaddleNLP ``LoRAConfig.merge_weights``. The launcher key ``merge_weights`` means something else here
             (merge once when saving, see :func:`merge_lora`) and is not read by :meth:`from_args`.
@@ -280,7 +281,9 @@ def _wrap(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
         raise ValueError("apply_lora: the model already has LoRA layers; load a second adapter into a fresh model")
     patterns = [re.compile(p) for p in cfg.target_modules]
     linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
-    targets = [(n, m) for n, m in linears if any(p.fullmatch(n) for p in patterns)]
+    # a pattern full-matches the dotted name or its last part, so "q_proj" works as in PEFT's target_modules lists
+    targets = [(n, m) for n, m in linears
+               if any(p.fullmatch(n) or p.fullmatch(n.rsplit(".", 1)[-1]) for p in patterns)]
     if not targets:
         names = sorted({n.rsplit(".", 1)[-1] for n, _ in linears})
         raise ValueError(f"apply_lora: no nn.Linear module matches target_modules={list(cfg.target_modules)}; "

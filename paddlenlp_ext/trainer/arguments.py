@@ -328,7 +328,8 @@ class ModelArgument:
     rslora: bool = field(default=False, metadata=_help("Rank-stabilised scaling alpha/sqrt(r)."))
     lora_plus_scale: float = field(default=1.0, metadata=_help("LoRA+ learning-rate ratio of B over A."))
     lora_target_modules: Optional[List[str]] = field(default=None, metadata=_help(
-        "Regexes of nn.Linear names to adapt (ours); None = all linear layers, as PaddleNLP."))
+        "Regexes of nn.Linear names to adapt, full-matched against the dotted name or its last part "
+        "(q_proj,v_proj or .*self_attn.q_proj) (ours); None = all linear layers, as PaddleNLP."))
     merge_weights: bool = field(default=False, metadata=_help(
         "After LoRA training also save the merged model (W + s*B@A folded in fp32, rounded once) as a full HF "
         "directory in output_dir/merged (ours; one process only)."))

@@ -135,8 +135,8 @@ class AutoTokenizer:
         try:
             path = resolve_model_name_or_path(name_or_path)
         except ValueError:
-            raise ValueError(f"tokenizer {name_or_path!r} (tokenizer_name_or_path, else model_name_or_path) is neither a "
-                             f"local directory nor the embedded default model {SMOLLM2_NAMES[0]!r}; point it at a "
+            raise ValueError(f"tokenizer {name_or_path!r} (tokenizer_name_or_path, else model_name_or_path) is neither "
+                             f"a local directory nor the embedded default model {SMOLLM2_NAMES[0]!r}; point it at a "
                              "local directory holding tokenizer.json (+ tokenizer_config.json)") from None
         if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
             # transformers' own message for this case asks to install sentencepiece or tiktoken

@@ -124,7 +124,8 @@ class DPOModelArgument:
     rslora_plus: bool = field(default=False, metadata=_help("rslora=True, lora_plus_scale=4, lora_alpha=4."))
     use_quick_lora: bool = field(default=True, metadata=inert("no fused quick-LoRA kernel", help="."))
     lora_target_modules: Optional[List[str]] = field(default=None, metadata=_help(
-        "Ours: regexes of nn.Linear names to adapt; None = all linear layers of attention and MLP."))
+        "Ours: regexes of nn.Linear names to adapt, full-matched against the dotted name or its last part "
+        "(q_proj,v_proj or .*self_attn.q_proj); None = all linear layers of attention and MLP."))
 
 
 def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
