@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -34,6 +35,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_TARGET_MODULES",
@@ -271,7 +274,15 @@ def apply_lora(model: nn.Module, model_args_or_config=None) -> nn.Module:
                else lambda k, d=None: getattr(model_args_or_config, k, d))
         lora_path = get("lora_path", None)
     if lora_path:
-        return load_lora(model, lora_path)
+        model = load_lora(model, lora_path)
+        cfg = model.lora_config
+        asked = {"lora_rank": get("lora_rank", None), "lora_alpha": get("lora_alpha", None)}
+        own = {"lora_rank": cfg.r, "lora_alpha": cfg.lora_alpha}
+        differ = [k for k in asked if asked[k] not in (None, -1) and float(asked[k]) != float(own[k])]
+        if differ:
+            logger.warning("lora_path %s: the adapter's own r=%d, lora_alpha=%g are used; %s ignored", lora_path,
+                           cfg.r, cfg.lora_alpha, ", ".join(f"{k}={asked[k]:g}" for k in differ))
+        return model
     cfg = LoRAConfig.from_args(model_args_or_config if model_args_or_config is not None else {})
     return _wrap(model, cfg)
 
