@@ -239,7 +239,7 @@ def parse_setup(spec: str, loss: str, fused: str, amp: str = "o1") -> dict:
                          f"(options as setup:loss=...:fused=...:amp=...)")
     if amp not in AMPS:
         raise ValueError(f"--amp: unknown {amp!r}; use {'|'.join(AMPS)}")
-    out = {"label": label, "base": base, "loss": loss, "fused": fused, "amp": amp}
+    out = {"label": label, "base": base, "loss": loss, "fused": fused, "amp": amp, "compile": "off"}
     for o in opts:
         key, _, val = o.partition("=")
         if key == "loss" and val in LOSSES:
@@ -248,9 +248,11 @@ def parse_setup(spec: str, loss: str, fused: str, amp: str = "o1") -> dict:
             out["fused"] = val
         elif key == "amp" and val in AMPS:
             out["amp"] = val
+        elif key == "compile" and val in ("off", "layers"):
+            out["compile"] = val
         else:
-            raise ValueError(f"--setups {label!r}: bad option {o!r}; use loss={'|'.join(LOSSES)}, fused=on|off "
-                             f"or amp={'|'.join(AMPS)}")
+            raise ValueError(f"--setups {label!r}: bad option {o!r}; use loss={'|'.join(LOSSES)}, fused=on|off, "
+                             f"amp={'|'.join(AMPS)} or compile=off|layers")
     return out
 
 
@@ -316,6 +318,9 @@ def prepare(sp: dict, args, info: dict, packs, device, recompute: bool, n_groups
         batches = make_batches(base, packs[:n_groups], args.pack_len, args.batch_size, device)
     torch.manual_seed(args.seed)  # every setup of a model starts from the same weights
     model = e2e_models.build_model(info, base, device, recompute, sp["fused"] == "on")
+    if sp.get("compile") == "layers":  # torch.compile each decoder layer (torchtitan's apply_compile); the
+        for layer in getattr(getattr(model, "model", model), "layers"):  # attention call is a graph break
+            layer.compile()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=device.type == "cuda")
     amp = torch.autocast(device.type, dtype=torch.bfloat16)

@@ -1,11 +1,11 @@
-"""Triton FlashMask attention: autograd Function and launchers.
+"""Triton FlashMask attention: custom ops ``flashmask::triton_fwd`` / ``triton_bwd`` (with autograd), launchers.
 
 Shape legend: B batch, S_q / S_k query / key length, H_q / H_k query / kv heads, H_mask mask heads (1 or H_k),
 D head dim (any size; padded to the next power of two >= 16 inside the kernels with masking).
 
-Kernels: ``triton_fwd`` (forward), ``triton_bwd`` (dK/dV column-parallel + dQ), ``triton_prep`` (SoA vectors,
-per-key-block min/max, tile classification). Algorithm: FlashMask (Wang et al., ICLR 2025, arXiv 2410.01359)
-on a FlashAttention-2 schedule; see docs/kernel_notes.md.
+Kernels: ``triton_fwd`` (forward), ``triton_bwd`` (dK/dV column-parallel + dQ), ``triton_blocklists``
+(per-key-block min/max and visit lists; torch reference in ``triton_prep``). Algorithm: FlashMask (Wang et al.,
+ICLR 2025, arXiv 2410.01359) on a FlashAttention-2 schedule; see docs/kernel_notes.md.
 
 Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1`` (fp32/fp16 only; used by the CPU tests).
 """
@@ -312,30 +312,52 @@ def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVect
     return mv
 
 
-class FlashMaskTritonFunction(torch.autograd.Function):
-    """Autograd wrapper: ``forward(q, k, v, sri, causal, scale, deterministic) -> (out, lse)``.
+# The attention is one PyTorch custom op per pass, so ``torch.compile`` sees an opaque call (one graph around it)
+# instead of tracing into the launchers (an H200 run compiling each decoder layer around the old
+# autograd.Function broke the graph 9 times inside it and ran 0.94x eager: docs/benchmarks.md, Run v6).
+@torch.library.custom_op("flashmask::triton_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sri: torch.Tensor | None, causal: bool,
+            scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [B,S_q,H_q,D], lse fp32 [B,H_q,S_q])``; ``deterministic`` is only read by the backward."""
+    mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
+    return _fwd(q, k, v, mv, causal, scale)
 
-    ``out`` is ``[B, S_q, H_q, D]`` in the input dtype; ``lse`` fp32 ``[B, H_q, S_q]`` (natural log, -inf on
-    empty rows). Gradients flow to q, k, v (also through ``lse``); ``sri`` and the flags get none.
-    """
 
-    @staticmethod
-    def forward(ctx, q, k, v, sri, causal, scale, deterministic):
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
-        o, lse = _fwd(q, k, v, mv, causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.mv, ctx.causal, ctx.scale, ctx.deterministic = mv, causal, scale, deterministic
-        return o, lse
+@_fwd_op.register_fake
+def _(q, k, v, sri, causal, scale, deterministic):
+    b, s_q, h_q, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h_q, s_q), dtype=torch.float32)
 
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        do = _last_dim_contiguous(do)
-        dq, dk, dv = _bwd(do, q, k, v, o, lse, dlse, ctx.mv, ctx.causal, ctx.scale, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None
+
+@torch.library.custom_op("flashmask::triton_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+            lse: torch.Tensor, dlse: torch.Tensor | None, sri: torch.Tensor | None, causal: bool, scale: float,
+            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` shaped like ``q, k, v``."""
+    mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
+    return _bwd(do, q, k, v, o, lse, dlse, mv, causal, scale, deterministic)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, o, lse, dlse, sri, causal, scale, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, sri, causal, scale, deterministic = inputs
+    ctx.save_for_backward(q, k, v, *output, *([] if sri is None else [sri]))
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, *sri = ctx.saved_tensors
+    do = torch.zeros_like(o) if do is None else _last_dim_contiguous(do)
+    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, dlse, sri[0] if sri else None, ctx.causal, ctx.scale,
+                         ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, softmax_scale: float,
@@ -366,4 +388,5 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
     if not q.is_cuda and q.dtype == torch.bfloat16:
         raise ValueError("flashmask_attention_triton on CPU (TRITON_INTERPRET=1) supports float32/float16 only: "
                          "the interpreter gives wrong bf16 results. Cast to float32 or use impl='reference'.")
-    return FlashMaskTritonFunction.apply(q, k, v, startend_row_indices, causal, softmax_scale, deterministic)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    return _fwd_op(q, k, v, startend_row_indices, causal, float(softmax_scale), deterministic)

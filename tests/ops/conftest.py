@@ -7,6 +7,7 @@ comparison instead of passing on lucky zeros (METHOD.md: "poison the output").
 
 import pytest
 import torch
+from torch.utils._device import _device_constructors
 
 def _poison(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point() or t.is_complex():
@@ -15,6 +16,12 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
         info = torch.iinfo(t.dtype)
         t.fill_(info.min if info.min < 0 else info.max)
     return t
+
+
+# torch.device(...) contexts recognise factory functions by identity through an lru_cached set; fill it with the
+# real torch.empty now, so a first use during a poisoned test (e.g. while torch.compile traces) cannot cache the
+# wrapper and make later `with torch.device("meta")` blocks, in other test files, ignore torch.empty.
+_device_constructors()
 
 
 @pytest.fixture(autouse=True)

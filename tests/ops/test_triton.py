@@ -348,3 +348,34 @@ def test_unknown_environment_switch_is_an_error(monkeypatch):
         with pytest.raises(ValueError, match=var):
             _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, None, True, 0.25), q, k, v, do)
         monkeypatch.delenv(var)
+
+
+@pytest.mark.parametrize("causal,c", [(True, 2), (False, 4), (True, None)])
+def test_compiles_as_one_graph(causal, c):
+    """``flashmask_attention`` is one opaque custom op to ``torch.compile``: ``fullgraph=True`` traces a block
+    around it (no graph break inside the launchers) and gives bitwise the eager output and gradients."""
+    gen = torch.Generator().manual_seed(31 + (c or 0))
+    sri = None if c is None else random_sri(2, 2, 40, causal, c, gen=gen).to(DEV)
+    q, k, v, do = make_qkv(2, 40, 40, 4, 2, 16, torch.float32, seed=17)
+
+    def block(x, y, z):
+        out, lse = flashmask_attention(x * 1.5, y, z, sri, causal=causal, return_softmax_lse=True, impl="triton")
+        return out + 1.0, lse
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    for a, b in zip(_run(block, q, k, v, do, lse_weight=0.5), _run(compiled, q, k, v, do, lse_weight=0.5)):
+        assert torch.equal(a, b)
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake (meta) kernels and autograd registration of ``flashmask::triton_fwd`` / ``triton_bwd``
+    (``torch.library.opcheck``)."""
+    from flashmask.triton_flashmask import _bwd_op, _fwd_op
+
+    sri = random_sri(1, 1, 24, False, 4, gen=torch.Generator().manual_seed(4)).to(DEV)
+    q, k, v, do = make_qkv(1, 24, 24, 2, 1, 16, torch.float32, seed=5)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    torch.library.opcheck(_fwd_op, (q, k, v, sri, False, 0.25, False))
+    o, lse = _fwd_op(q.detach(), k.detach(), v.detach(), sri, False, 0.25, False)
+    torch.library.opcheck(_bwd_op, (do, q.detach(), k.detach(), v.detach(), o, lse, None, sri, False, 0.25, False))
