@@ -44,6 +44,11 @@ class ChatArgument:
                              metadata={"help": "User message for the chat reply."})
     chat_max_new_tokens: int = field(default=48, metadata={"help": "Max new tokens of the chat reply."})
 
+    def __post_init__(self):
+        if self.chat_after_train and self.chat_max_new_tokens < 1:
+            raise ValueError(f"chat_max_new_tokens must be >= 1 (or set chat_after_train false), got "
+                             f"{self.chat_max_new_tokens}")
+
 
 def parse_args(argv=None):
     """``(model_args, data_args, training_args, chat_args)`` with PaddleNLP's cross-field rules applied."""

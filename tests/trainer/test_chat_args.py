@@ -1,0 +1,36 @@
+"""run_finetune's ChatArgument: chat_max_new_tokens < 1 with chat_after_train is a config error (was accepted and
+printed an empty reply; predict.py already refuses --max_new_tokens < 1)."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _launcher():
+    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cfg(tmp_path, **over):
+    cfg = {"model_name_or_path": "m", "dataset_name_or_path": "d", "output_dir": str(tmp_path / "out")}
+    cfg.update(over)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    return [str(tmp_path / "c.json")]
+
+
+def test_chat_max_new_tokens_below_one(tmp_path):
+    with pytest.raises(ValueError, match="chat_max_new_tokens must be >= 1"):
+        _launcher().parse_args(_cfg(tmp_path, chat_max_new_tokens=0))
+
+
+def test_no_check_without_the_chat(tmp_path):
+    *_, chat = _launcher().parse_args(_cfg(tmp_path, chat_max_new_tokens=0, chat_after_train=False))
+    assert not chat.chat_after_train
