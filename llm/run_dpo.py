@@ -113,4 +113,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, resumable=True)

@@ -34,10 +34,12 @@ def init_parallel_dims(training_args):
     return init_distributed(training_args)
 
 
-def run_cli(main) -> None:
+def run_cli(main, resumable: bool = False) -> None:
     """``main(sys.argv[1:])`` for a launcher's ``__main__``: user errors (bad config, data or paths: ValueError,
     FileNotFoundError, NotADirectoryError; a failed checkpoint/model write: ``checkpoint.SaveError``) print
-    ``error: <message>`` and exit 2 instead of a traceback; ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
+    ``error: <message>`` and exit 2 instead of a traceback; Ctrl-C prints one line (with ``resumable``, the
+    training launchers: how to resume) and exits 130;
+    ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
     import sys
 
     from paddlenlp_ext.trainer.checkpoint import SaveError
@@ -49,6 +51,14 @@ def run_cli(main) -> None:
             raise
         print(f"error: {e}\n(PADDLENLP_EXT_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
+            raise
+        # checkpoints are written atomically, so the newest checkpoint-<step> in output_dir is complete
+        hint = (": rerun the same command to resume from the latest checkpoint-<step> in output_dir (if one was "
+                "saved), or add --overwrite_output_dir true to start over") if resumable else ""
+        print(f"interrupted{hint}", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def require_model_path(model_args) -> str:
