@@ -107,13 +107,27 @@ def _pack(cols: list[list[torch.Tensor]], causal: bool, device) -> FlashMask:
 
 
 def _per_row(value, batch: int, name: str) -> list[int]:
-    vals = [value] * batch if isinstance(value, int) else list(value)
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    vals = [value] * batch if isinstance(value, Integral) else list(value)
     _err(len(vals) == batch, f"{name} needs one value per batch row ({batch}), got {len(vals)}")
     return vals
 
 
+def _window(window_size, wr_default: int) -> tuple[int, int]:
+    """``(wl, wr)`` from ``w`` (then ``wr = wr_default``) or a pair ``(wl, wr)``."""
+    if isinstance(window_size, Integral):
+        return int(window_size), wr_default if wr_default >= 0 else int(window_size)
+    ok = isinstance(window_size, (list, tuple)) and len(window_size) == 2 and all(
+        isinstance(w, Integral) for w in window_size)
+    _err(ok, f"window_size must be an int w or a pair (wl, wr) of ints, got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
 def _valid_lengths(valid_lengths, seq_len: int) -> list[int]:
-    vals = valid_lengths.tolist() if isinstance(valid_lengths, torch.Tensor) else list(valid_lengths)
+    vals = valid_lengths.tolist() if isinstance(valid_lengths, torch.Tensor) else valid_lengths
+    _err(isinstance(vals, (list, tuple)), f"valid_lengths must be a list with one int per batch row, e.g. "
+         f"[{valid_lengths!r}], got {valid_lengths!r}")
     for b, n in enumerate(vals):
         _err(isinstance(n, Integral) and 0 <= n <= seq_len,
              f"valid_lengths[{b}] must be an int in [0, seq_len={seq_len}], got {n!r}")
@@ -153,7 +167,7 @@ def sliding_window_mask(seq_len: int, window_size, causal: bool = True, sink_tok
     >>> sliding_window_mask(5, 1).startend_row_indices[0, 0, :, 0].tolist()
     [2, 3, 4, 5, 5]
     """
-    wl, wr = (window_size, 0 if causal else window_size) if isinstance(window_size, int) else window_size
+    wl, wr = _window(window_size, 0 if causal else -1)  # -1: wr = w
     _err(wl >= 0 and wr >= 0, f"window_size must be non-negative, got {window_size}")
     _err(not causal or wr == 0, f"a causal window takes window_size=w or (w, 0), got {window_size}")
     _err(0 <= sink_tokens <= seq_len, f"sink_tokens must be in [0, seq_len={seq_len}], got {sink_tokens}")
@@ -274,7 +288,7 @@ def global_sliding_window_mask(seq_len: int, global_tokens: int, window_size, ba
     >>> global_sliding_window_mask(5, 1, (1, 1)).startend_row_indices[0, 0, :, 0].tolist()
     [5, 3, 4, 5, 5]
     """
-    wl, wr = (window_size, window_size) if isinstance(window_size, int) else window_size
+    wl, wr = _window(window_size, -1)
     _err(wl >= 0 and wr >= 0 and 0 <= global_tokens <= seq_len,
          f"need window_size >= 0 and 0 <= global_tokens <= seq_len={seq_len}, got {window_size}, {global_tokens}")
     j = torch.arange(seq_len)
@@ -375,6 +389,8 @@ def qk_sparse_mask(seq_len: int, ranges: Sequence[tuple[int, int]], batch_size: 
     lts = torch.full((seq_len,), seq_len)
     lte = torch.full((seq_len,), seq_len)
     taken = torch.zeros(seq_len, dtype=torch.bool)
+    _err(isinstance(ranges, (list, tuple)) and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in ranges),
+         f"ranges must be a list of (a, b) pairs, e.g. [(1, 3)], got {ranges!r}")
     for a, b in ranges:
         _err(0 <= a <= b <= seq_len, f"qk_sparse range must satisfy 0 <= a <= b <= seq_len={seq_len}, got {(a, b)}")
         _err(not taken[a:b].any(), f"qk_sparse ranges overlap at {(a, b)}")
@@ -394,6 +410,7 @@ def random_eviction_mask(seq_len: int, evict_prob: float = 0.5, num_heads: int =
     torch.Size([1, 1, 4, 1])
     """
     _err(0.0 <= evict_prob <= 1.0, f"evict_prob must be in [0, 1], got {evict_prob}")
+    _err(num_heads >= 1 and batch_size >= 1, f"num_heads and batch_size must be >= 1, got {num_heads}, {batch_size}")
     g = torch.Generator().manual_seed(seed)
     j = torch.arange(seq_len)
     u = torch.rand(batch_size, num_heads, seq_len, generator=g)
