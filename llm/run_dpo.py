@@ -80,7 +80,9 @@ def main(argv=None) -> dict:
         model = parallelize_model(model, parallel_dims, training_args)
         if ref_model is not None:
             ref_model = parallelize_model(ref_model, parallel_dims, training_args)
-    train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="dpo")
+    # only the splits this run uses: an evaluation-only run needs no train file (the default path may not exist)
+    splits = [s for s, used in (("train", training_args.do_train), ("dev", training_args.do_eval)) if used]
+    train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="dpo", splits=splits)
     trainer = DPOTrainer(model, training_args, dpo_config=dpo_config, ref_model=ref_model, train_dataset=train_ds,
                          eval_dataset=dev_ds, data_collator=collator,
                          tokenizer=tokenizer, parallel_dims=parallel_dims)
@@ -92,7 +94,7 @@ def main(argv=None) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir, "loss_type": dpo_config.loss_type}
     do_eval = training_args.do_eval and dev_ds is not None
-    if do_eval:
+    if do_eval and training_args.do_train:  # without training the one evaluation below is the result
         summary["dev_before"] = _pick(trainer.evaluate())
     if training_args.do_train:
         if train_ds is None:

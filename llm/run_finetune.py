@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
     if training_args.do_eval and dev_ds is None:
         logger.warning("do_eval=true but %s has no dev split (dev.json or dev/*.json): no evaluation",
                        data_args.dataset_name_or_path)
-    if do_eval and not finished:  # a finished run only reports its final dev loss
+    if do_eval and not finished and training_args.do_train:  # else only the final dev loss is reported
         summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
     if training_args.do_train:
         clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded

@@ -55,14 +55,16 @@ def main(argv=None) -> dict:
         from paddlenlp_ext.distributed import parallelize_model
 
         model = parallelize_model(model, parallel_dims, training_args)
-    train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="rm")
+    # only the splits this run uses: an evaluation-only run needs no train file (the default path may not exist)
+    splits = [s for s, used in (("train", training_args.do_train), ("dev", training_args.do_eval)) if used]
+    train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="rm", splits=splits)
     trainer = RewardTrainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                             data_collator=collator, tokenizer=tokenizer,
                             parallel_dims=parallel_dims)
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
-    if do_eval:
+    if do_eval and training_args.do_train:  # without training the one evaluation below is the result
         summary["dev_before"] = {k: round(v, 5) for k, v in trainer.evaluate().items() if k in _EVAL_KEYS}
     if training_args.do_train:
         if train_ds is None:

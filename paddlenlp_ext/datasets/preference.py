@@ -346,13 +346,14 @@ class PreferenceCollator:
         return batch
 
 
-def build_preference_data(data_args, tokenizer, layout: str):
-    """``(train_ds, dev_ds, collator)`` for ``run_dpo.py`` / ``run_reward.py``: the packed splits of
-    :func:`create_preference_datasets` (None for a split without a path) and a :class:`PreferenceCollator` padding
-    to ``max_seq_len`` with the tokenizer's pad id (else its eos id, else 0). Logs the pack counts."""
+def build_preference_data(data_args, tokenizer, layout: str, splits=("train", "dev")):
+    """``(train_ds, dev_ds, collator)`` for ``run_dpo.py`` / ``run_reward.py``: the packed ``splits`` of
+    :func:`create_preference_datasets` (None for a split not asked for or without a path) and a
+    :class:`PreferenceCollator` padding to ``max_seq_len`` with the tokenizer's pad id (else its eos id, else 0).
+    Logs the pack counts."""
     import logging
 
-    datasets = create_preference_datasets(data_args, tokenizer, layout=layout)
+    datasets = create_preference_datasets(data_args, tokenizer, layout=layout, splits=splits)
     for split, ds in datasets.items():
         if hasattr(ds, "__len__"):
             logging.getLogger(__name__).info("%s: %d packs of up to %d tokens", split, len(ds), data_args.max_seq_len)
