@@ -315,7 +315,13 @@ def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVect
 # The attention is one PyTorch custom op per pass, so ``torch.compile`` sees an opaque call (one graph around it)
 # instead of tracing into the launchers (an H200 run compiling each decoder layer around the old
 # autograd.Function broke the graph 9 times inside it and ran 0.94x eager: docs/benchmarks.md, Run v6).
-@torch.library.custom_op("flashmask::triton_fwd", mutates_args=())
+# The namespace is the package's import name ("flashmask"): a copy of the package imported under another name (the
+# benchmarks' --alt A/B copies) gets ops of its own, because torch.library.custom_op silently replaces the kernels
+# of a name that already exists (both copies then ran the last-imported code).
+_NS = (__package__ or "flashmask").replace(".", "_")
+
+
+@torch.library.custom_op(f"{_NS}::triton_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sri: torch.Tensor | None, causal: bool,
             scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [B,S_q,H_q,D], lse fp32 [B,H_q,S_q])``; ``deterministic`` is only read by the backward."""
@@ -329,7 +335,7 @@ def _(q, k, v, sri, causal, scale, deterministic):
     return torch.empty_like(q), q.new_empty((b, h_q, s_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashmask::triton_bwd", mutates_args=())
+@torch.library.custom_op(f"{_NS}::triton_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
             lse: torch.Tensor, dlse: torch.Tensor | None, sri: torch.Tensor | None, causal: bool, scale: float,
             deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
