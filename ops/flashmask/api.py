@@ -98,7 +98,10 @@ def _index_range(sri: torch.Tensor) -> tuple[int, int]:
 
     Reading them is a device-to-host sync; every layer of a model receives the same index tensor, so one sync
     per batch instead of one per layer. An in-place edit bumps ``sri._version`` and forces a fresh read.
+    Inference tensors (``torch.inference_mode``) have no version counter: read every call, never cached.
     """
+    if sri.is_inference():
+        return tuple(int(x) for x in torch.aminmax(sri))
     cached = getattr(sri, "_flashmask_range", None)
     if cached is not None and cached[0] == sri._version:
         return cached[1], cached[2]

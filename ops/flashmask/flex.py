@@ -131,8 +131,11 @@ _last_block_mask = None  # (weakref to the vectors, their _version, build argume
 def _block_mask_for(sri: torch.Tensor, causal: bool, num_heads: int, block_size, seq_q: int) -> BlockMask:
     """flashmask_block_mask with a one-entry cache: every layer of a model passes the same vectors tensor, so
     the BlockMask is built once per batch. A hit needs the very same tensor object (weak reference, so a freed
-    tensor never matches) with an unchanged version counter (in-place edits bump it)."""
+    tensor never matches) with an unchanged version counter (in-place edits bump it). Inference tensors
+    (``torch.inference_mode``) have no version counter: built every call, never cached."""
     global _last_block_mask
+    if sri.is_inference():
+        return flashmask_block_mask(sri, causal, num_heads=num_heads, block_size=block_size, seq_q=seq_q)
     key = (causal, num_heads, block_size, seq_q)
     if _last_block_mask is not None:
         ref, version, old_key, bm = _last_block_mask

@@ -293,7 +293,7 @@ def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVect
     preprocessing runs once per batch, not once per layer and pass. The key includes ``sri._version`` so an
     in-place edit of the indices rebuilds it. Without an index tensor the visit lists depend only on the mode and
     the lengths: they are kept in a small module-level cache (before, every call rebuilt them: about 15 small
-    launches per pass).
+    launches per pass). Inference tensors (``torch.inference_mode``) have no version counter: rebuilt every call.
     """
     if sri is None:
         key = (causal, seq_q, seq_k, torch.device(device))
@@ -303,6 +303,8 @@ def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVect
                 _NO_MASK.clear()
             mv = _NO_MASK[key] = MaskVectors(None, causal, seq_q, seq_k, device)
         return mv
+    if sri.is_inference():
+        return MaskVectors(sri, causal, seq_q, seq_k, device)
     key = (causal, seq_q, seq_k, sri._version)
     cached = getattr(sri, "_flashmask_vectors", None)
     if cached is not None and cached[0] == key:
