@@ -325,7 +325,7 @@ class Trainer:
         total_tokens, total_loss, total_count, train_time = 0, 0.0, 0.0, 0.0
         self.model.train()
         while self.state.global_step < max_steps:
-            epoch_before = self.state.epoch
+            epochs_before = self._epochs_completed(per_epoch)
             micro = [next(stream) for _ in range(acc_steps)]
             # PaddleNLP's Trainer publishes the step this way; ERNIE's random position ids are seeded with it.
             os.environ["TRAINER_GLOBAL_STEP"] = str(self.state.global_step)
@@ -342,7 +342,7 @@ class Trainer:
                 total_tokens, train_time = total_tokens + logs.pop("_tokens"), train_time + logs.pop("_elapsed")
                 self.state.log_history.append({"step": step, **logs})
                 metrics_logger.log(logs, step)
-            epoch_done = self.state.epoch != epoch_before or step == max_steps
+            epoch_done = self._epochs_completed(per_epoch) != epochs_before or step == max_steps
             if self._due(getattr(args, "evaluation_strategy", "no"), args.eval_steps or args.logging_steps,
                          step, epoch_done) and self.eval_dataset is not None:
                 with window.paused():  # eval time stays out of tokens/s and train_runtime
@@ -360,6 +360,12 @@ class Trainer:
                   "tokens_per_sec": total_tokens * self.dp.size / train_time if train_time > 0 else None}
         logger.info("training done: %s", json.dumps(result))
         return result
+
+    def _epochs_completed(self, per_epoch: int | None) -> int:
+        """Epochs fully read, counting the current one once its last micro-batch is drawn (the epoch counter
+        itself moves only when the next epoch's first micro-batch is drawn, one step later)."""
+        last_drawn = per_epoch is not None and self.state.micro_batches_in_epoch >= per_epoch
+        return self.state.epoch + int(last_drawn)
 
     @staticmethod
     def _due(strategy: Any, every: int | None, step: int, epoch_done: bool) -> bool:
