@@ -35,6 +35,9 @@ def check_sft_record(record: dict) -> dict:
     if missing:
         raise ValueError(f"missing key(s) {missing}; an SFT record needs \"src\" (user turns) and \"tgt\" "
                          f"(assistant answers), got keys {sorted(record)}")
+    if "response" in record and "sort" in record:
+        raise ValueError("this is a preference record (response/sort keys), not SFT {\"src\", \"tgt\"}: train on it "
+                         "with llm/run_dpo.py or llm/run_reward.py (train_dataset_path), or give SFT data")
     out = dict(record)
     for key in ("src", "tgt"):
         value = record[key]

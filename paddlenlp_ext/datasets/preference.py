@@ -63,7 +63,9 @@ def check_preference_data(data: dict, where: str = "<example>") -> PreferenceExa
         raise ValueError(f"{where}: a preference record must be a JSON object, got {type(data).__name__}")
     for key in ("src", "tgt", "response", "sort"):
         if key not in data:
-            raise ValueError(f"{where}: missing key {key!r}; a record needs src, tgt, response and sort")
+            hint = (" (this looks like an SFT record {src, tgt}: train on it with llm/run_finetune.py)"
+                    if key in ("response", "sort") and "src" in data and "tgt" in data else "")
+            raise ValueError(f"{where}: missing key {key!r}; a record needs src, tgt, response and sort{hint}")
     src = [data["src"]] if isinstance(data["src"], str) else data["src"]
     tgt = [data["tgt"]] if isinstance(data["tgt"], str) else data["tgt"]
     if isinstance(data["tgt"], str) and data["tgt"] == "" and len(src) == 1:
