@@ -80,6 +80,33 @@ _OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
 _TORCH_WRITE_RE = re.compile(r"PytorchStreamWriter failed writing|file write failed|iostream error|unexpected pos \d+")
 
 
+def _chain(exc: BaseException):
+    """``exc`` and every exception it wraps: ``__cause__`` / ``__context__`` and DCP's ``failures``."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__]
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise ``KeyboardInterrupt`` (chained to ``exc``) when a Ctrl-C is anywhere in ``exc``'s chain.
+
+    A Ctrl-C inside ``torch.save`` surfaces as the stream writer's ``RuntimeError`` ("unexpected pos ...") with the
+    KeyboardInterrupt as its context, or wrapped in DCP's ``CheckpointException``: it is an interrupt, not a full
+    disk, and the launchers print it as one line (``run_cli``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    if any(isinstance(e, KeyboardInterrupt) for e in _chain(exc)):
+        raise KeyboardInterrupt from exc
+
+
 def write_failure(exc: BaseException) -> tuple[int | None, str] | None:
     """``(errno or None, description)`` when ``exc`` is (or wraps) an OS-level write failure, else None.
 
@@ -87,17 +114,9 @@ def write_failure(exc: BaseException) -> tuple[int | None, str] | None:
     (``{rank: (exception, traceback)}``), and reads the ``(os error N)`` of safetensors' errors and torch.save's
     stream-writer errors (which carry no errno). Anything else (a bug, KeyboardInterrupt) gives None.
     """
-    todo, seen = [exc], set()
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         if isinstance(e, OSError):
             return e.errno, e.strerror or str(e)
-        failures = getattr(e, "failures", None)
-        if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
         if isinstance(e, Exception):
             text = str(e)
             m = _OS_ERROR_RE.search(text)
@@ -105,7 +124,6 @@ def write_failure(exc: BaseException) -> tuple[int | None, str] | None:
                 return int(m.group(1)), os.strerror(int(m.group(1)))
             if isinstance(e, RuntimeError) and _TORCH_WRITE_RE.search(text):
                 return None, f"torch.save could not write ({text.strip().splitlines()[0][:120]})"
-        todo += [e.__cause__, e.__context__]
     return None
 
 
@@ -156,6 +174,7 @@ def explain_write_errors(target: str | os.PathLike, what: str, intact: str = FIN
     try:
         yield
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        reraise_interrupt(e)
         failure = write_failure(e)
         if failure is None or isinstance(e, SaveError):
             raise
@@ -247,6 +266,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
     try:
         return _save_checkpoint(out, step, model, optimizer, scheduler, trainer_state, data_state, save_total_limit)
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        reraise_interrupt(e)
         failure = write_failure(e)
         if failure is None:
             raise

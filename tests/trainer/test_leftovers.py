@@ -414,3 +414,33 @@ def test_predict_interactive_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, c
     replies2, err = run("--src_length", str(third - 1))  # the third prompt is one token over the cap
     assert replies2[:2] == replies[:2]  # greedy: the same first two turns
     assert f"[context: the conversation passed {third - 1} tokens (--src_length); dropped the oldest 1 turn(s)]" in err
+
+
+def test_ctrl_c_inside_a_checkpoint_write_is_an_interrupt_not_a_full_disk(make_args, tiny_model, tmp_path,
+                                                                        monkeypatch):
+    """A Ctrl-C inside torch.save surfaces as the stream writer's RuntimeError with the KeyboardInterrupt as its
+    context (seen with ``timeout -s INT``): it must stay a KeyboardInterrupt (run_cli prints one line), not a
+    SaveError telling the user to free disk space; the temporary directory is still removed."""
+    out = tmp_path / "o"
+    t = _trained(make_args, tiny_model, out)
+
+    def interrupted_save(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    t.state.global_step = 4
+    with pytest.raises(KeyboardInterrupt):
+        t.save_checkpoint()
+    assert sorted(os.listdir(out)) == ["checkpoint-3"]
+
+
+def test_reraise_interrupt_finds_it_inside_dcp_failures():
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    wrapped = CheckpointException("write", {0: (KeyboardInterrupt(), [])})
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.reraise_interrupt(wrapped)
+    ckpt.reraise_interrupt(RuntimeError("unrelated"))  # no interrupt in the chain: returns
