@@ -502,8 +502,11 @@ def main(argv=None) -> dict:
     specs = [parse_setup(s.strip(), args.loss, args.fused, args.amp) for s in args.setups.split(",") if s.strip()]
     args.longest_lens = [int(x) for x in args.longest_lens.split(",")]
     t_start = time.perf_counter()
+    if not args.tiny and not torch.cuda.is_available():
+        raise SystemExit("e2e_train needs a CUDA GPU for the real model shapes (the 1B model alone is 5 GB of fp32 "
+                         "weights); use --tiny for the CPU smoke test")
     info = e2e_models.model_config(args.model, args.tiny)
-    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    device = torch.device("cpu" if args.tiny else "cuda")
     scale = args.pack_len / 8192 if args.tiny else 1.0  # toy lengths keep the distribution's shape
     packs = build_packs(info["vocab"], args.pack_len, args.warmup + args.steps, args.seed, scale)
     timed = packs[args.warmup: args.warmup + args.steps]

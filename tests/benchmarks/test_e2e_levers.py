@@ -62,3 +62,10 @@ def test_other_models_train(e2e, model):
         assert r["params_trained"] == r["params"]
     # measured |diff| 5.7e-5 (LoRA) and 8.5e-5 (ERNIE) after 3 steps in CPU bf16 autocast
     assert abs(t["ours"]["final_loss"] - t["ours_nofuse"]["final_loss"]) < 1e-3
+
+
+def test_real_shapes_need_a_gpu(e2e, monkeypatch):
+    """Without --tiny on a machine without CUDA: one message naming --tiny, before any model is built."""
+    monkeypatch.setattr(e2e.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="--tiny"):
+        e2e.main(["--setups", "ours", "--steps", "1"])
