@@ -145,7 +145,9 @@ def fit_history(messages: Sequence[Message], count_tokens: Callable[[Sequence[Me
             return kept, dropped
         if dropped == len(turns) - 1:
             raise ValueError(f"the message is too long: {n} prompt tokens (with the system message and template) > "
-                             f"the cap of {max_tokens} (--src_length); shorten it, or lower --max_new_tokens")
+                             f"the cap of {max_tokens} (--src_length); shorten it, or raise the cap: pass a larger "
+                             f"--src_length, or, when it is left at its default (max_position_embeddings - "
+                             f"max_new_tokens), a smaller --max_new_tokens")
         dropped += 1
 
 

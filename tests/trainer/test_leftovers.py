@@ -303,7 +303,7 @@ def test_fit_history_drops_oldest_whole_turns_and_keeps_the_system_message():
     assert dropped == 1 and kept == [history[0]] + history[3:]
     kept, dropped = p.fit_history(history, count, max_tokens=2)
     assert dropped == 2 and kept == [history[0], history[-1]]  # never starts with a reply
-    with pytest.raises(ValueError, match="too long: 2 prompt tokens .* cap of 1"):
+    with pytest.raises(ValueError, match="too long: 2 prompt tokens .* cap of 1 .*pass a larger --src_length"):
         p.fit_history(history, count, max_tokens=1)
 
 
