@@ -184,10 +184,16 @@ def _load_json(path: str) -> Dict[str, Any]:
 
     with open(path, encoding="utf-8") as f:
         text = f.read()
+    if not text.strip():
+        raise ValueError(f"{path}: the config file is empty; it must hold a JSON object {{\"key\": value, ...}} "
+                         "(see config/ for examples)")
     try:
         data = json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        hint = ""
+        if text[: e.pos].rstrip().endswith(","):  # {"a": 1,} or [1,]: JSON allows no trailing comma
+            hint = " (a trailing comma before this point? JSON allows none: remove the last ',')"
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}{hint}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a JSON object {{\"key\": value, ...}}, "
                          f"got {type(data).__name__}")
@@ -451,7 +457,11 @@ class PdArgumentParser:
         if "-h" in argv or "--help" in argv:
             print(self.format_help())
             raise SystemExit(0)
-        if argv and argv[0].lower().endswith((".json", ".yaml", ".yml")):
+        if not argv:
+            prog = os.path.basename(sys.argv[0] or "launcher")
+            raise ValueError(f"no arguments: give a JSON config first, e.g. python llm/{prog} <config.json> "
+                             "[--key value ...] (configs in config/; --help lists the keys)")
+        if argv[0].lower().endswith((".json", ".yaml", ".yml")):
             return self.parse_json_file_and_cmd_lines(argv)
         return self.parse_args_into_dataclasses(argv)
 

@@ -444,3 +444,24 @@ def test_reraise_interrupt_finds_it_inside_dcp_failures():
     with pytest.raises(KeyboardInterrupt):
         ckpt.reraise_interrupt(wrapped)
     ckpt.reraise_interrupt(RuntimeError("unrelated"))  # no interrupt in the chain: returns
+
+
+def test_no_arguments_asks_for_a_config_file():
+    from paddlenlp_ext.trainer.argparser import PdArgumentParser
+    from paddlenlp_ext.trainer.arguments import TrainingArguments
+
+    with pytest.raises(ValueError, match="no arguments: give a JSON config first"):
+        PdArgumentParser((TrainingArguments,)).parse([])
+
+
+@pytest.mark.parametrize("text,expected", [("", "the config file is empty"),
+                                           ('{"output_dir": "o",\n}', "trailing comma"),
+                                           ('{"report_to": ["none",]}', "trailing comma")])
+def test_empty_config_and_trailing_comma_are_named(tmp_path, text, expected):
+    from paddlenlp_ext.trainer.argparser import PdArgumentParser
+    from paddlenlp_ext.trainer.arguments import TrainingArguments
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(text)
+    with pytest.raises(ValueError, match=expected):
+        PdArgumentParser((TrainingArguments,)).parse([str(cfg)])
