@@ -163,7 +163,8 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
     a template its user part keeps its head (``src_length`` tokens) and the answer keeps the first
     ``max_length - len(user)`` tokens, losing its end token (PaddleNLP); with a template the example is
     dropped (a cut would break the chat format: the answer would follow the cut question with no assistant
-    header).
+    header). With a template, kept turns are rendered as a conversation of their own (template prefix and default
+    system prompt first); PaddleNLP keeps the tail of the full render, which then starts mid-format.
 
     Returns:
         ``{"input_ids", "labels", "position_ids", "attn_mask_startend_row_indices"}`` (lists of int, length T),
@@ -175,10 +176,20 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
         messages = []
         for s, t in zip(src, tgt):
             messages += [{"role": "user", "content": s}, {"role": "assistant", "content": t}]
-        system, rounds, _ = _rounds_chat(messages, tokenizer, template, dict(example.get("context") or {}))
+        context = dict(example.get("context") or {})
+        first = 0  # index of the oldest turn rendered
+        while True:
+            system, rounds, _ = _rounds_chat(messages[2 * first:], tokenizer, template, context)
+            kept = _truncate(system, rounds, src_length, max_length, cut_last=False)
+            if len(kept) in (0, len(rounds)):
+                break
+            # older turns were dropped: render the kept ones as a conversation of their own, so the example
+            # starts with the template's prefix (BOS, default system prompt), not with the tail of a dropped
+            # turn (e.g. the "\n" after its end-of-turn token); the prefix may push one more turn out
+            first += len(rounds) - len(kept)
     else:
         system, rounds = [], _rounds_plain(src, tgt, tokenizer, src_length)
-    kept = _truncate(system, rounds, src_length, max_length, cut_last=not template)
+        kept = _truncate(system, rounds, src_length, max_length, cut_last=True)
     ids, labels = list(system), [IGNORE_INDEX] * len(system)
     for user, bot in kept:
         ids += user + bot

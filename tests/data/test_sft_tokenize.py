@@ -127,3 +127,17 @@ def test_missing_eos_is_an_error():
     tok.eos_token = None
     with pytest.raises(ValueError, match="eos_token_id"):
         tokenize_sft_example({"src": ["a"], "tgt": ["b"]}, tok, 4, 8)
+
+
+def test_smollm2_dropped_turns_leave_a_well_formed_conversation():
+    """Real SmolLM2 template: when older turns do not fit, the kept turns are the conversation they would be on
+    their own (default system prompt first), not the tail of the full render (which started with the "\\n"
+    after the dropped turn's <|im_end|> and had no system prompt)."""
+    tok = smollm2_tokenizer()
+    ex = {"src": ["What is your name? " * 20, "And your favourite colour?"], "tgt": ["I am SmolLM.", "Blue."]}
+    alone = tokenize_sft_example({"src": ex["src"][1:], "tgt": ex["tgt"][1:]}, tok, 1024, 2048)
+    both = tokenize_sft_example(ex, tok, 1024, 2048)
+    r = tokenize_sft_example(ex, tok, 1024, len(alone["input_ids"]) + 5)  # room for the last turn only
+    assert len(both["input_ids"]) > len(r["input_ids"])
+    assert r == alone
+    assert tok.decode(r["input_ids"]).startswith("<|im_start|>system\n")
