@@ -130,10 +130,13 @@ class DPOTrainer(Trainer):
         """
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise ValueError("precompute_reference_logps needs a map-style dataset of packs (lazy=false)")
+        from tqdm.auto import tqdm
+
         was_training = self.model.training
         self.model.eval()
         n = 0
-        for i in range(len(dataset)):
+        quiet = bool(getattr(self.args, "disable_tqdm", False)) or not self.dp.is_main
+        for i in tqdm(range(len(dataset)), desc="reference log-probs", unit="pack", disable=quiet):
             pack = dataset[i]
             batch = self._to_device(self.data_collator([pack]))
             with self._autocast():

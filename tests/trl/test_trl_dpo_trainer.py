@@ -108,3 +108,20 @@ def test_reward_model_ernie_trunk_scores_pairs():
     with torch.no_grad():
         s_c, s_r = rm.pair_scores(batch)
     assert s_c.shape == s_r.shape == (3,) and torch.isfinite(s_c).all() and torch.isfinite(s_r).all()
+
+
+
+def test_reference_precompute_shows_progress(tmp_path, capsys):
+    """The reference pass runs for minutes on a CPU before the first step: a progress bar on stderr (none with
+    disable_tqdm)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config())
+    trainer = DPOTrainer(model, _args(tmp_path), dpo_config=DPOConfig(precompute_reference_logps=True),
+                         data_collator=PreferenceCollator(L))
+    trainer.precompute_reference_logps(_dataset("dpo"))
+    assert "reference log-probs" in capsys.readouterr().err
+    quiet = TrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to=["none"], device="cpu",
+                              disable_tqdm=True)
+    DPOTrainer(model, quiet, dpo_config=DPOConfig(precompute_reference_logps=True),
+               data_collator=PreferenceCollator(L)).precompute_reference_logps(_dataset("dpo"))
+    assert "reference log-probs" not in capsys.readouterr().err
