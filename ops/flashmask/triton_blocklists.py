@@ -157,9 +157,18 @@ def block_lists(mm: torch.Tensor, rows: int, seq_q: int, seq_k: int, block_m: in
                 causal: bool, has_mask: bool, has_lte: bool, has_ut: bool, has_uts: bool):
     """Visit lists from the min/max table ``mm`` ``[8, rows, NB]`` (ignored without a mask): ``(idx int32
     [rows, R, T], n_partial int32 [rows, R], n_full int32 [rows, R], full_lo int32 [rows, R])``, one launch.
-    Contents as ``MaskVectors.block_lists_reference`` (bitwise)."""
+    Contents as ``MaskVectors.block_lists_reference`` (bitwise).
+
+    Raises:
+        ValueError: ``rows * R * T >= 2**31``: this kernel and the attention kernels address the list with int32
+            arithmetic (``row * T``), which would wrap around.
+    """
     tr, tc = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
     r, t = (tc, tr) if by_key else (tr, tc)
+    if rows * r * t >= 2**31:
+        raise ValueError(f"flashmask visit list [B*H_mask={rows}, {r}, {t}] has {rows * r * t} entries, over the "
+                         f"int32 indexing limit of 2**31 of the Triton kernels (tiles {block_m} x {block_n}, "
+                         f"S_q={seq_q}, S_k={seq_k}); split the batch into smaller calls or use one mask head")
     dev = mm.device
     idx = torch.empty(rows, r, t, dtype=torch.int32, device=dev)
     n_p, n_f, flo = (torch.empty(rows, r, dtype=torch.int32, device=dev) for _ in range(3))
