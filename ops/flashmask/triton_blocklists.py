@@ -160,12 +160,12 @@ def block_lists(mm: torch.Tensor, rows: int, seq_q: int, seq_k: int, block_m: in
     Contents as ``MaskVectors.block_lists_reference`` (bitwise).
 
     Raises:
-        ValueError: ``rows * R * T >= 2**31``: this kernel and the attention kernels address the list with int32
+        ValueError: ``rows * R * T > 2**31``: this kernel and the attention kernels address the list with int32
             arithmetic (``row * T``), which would wrap around.
     """
     tr, tc = triton.cdiv(seq_q, block_m), triton.cdiv(seq_k, block_n)
     r, t = (tc, tr) if by_key else (tr, tc)
-    if rows * r * t >= 2**31:
+    if rows * r * t > 2**31:  # the largest offset, rows * R * T - 1, must fit in int32
         raise ValueError(f"flashmask visit list [B*H_mask={rows}, {r}, {t}] has {rows * r * t} entries, over the "
                          f"int32 indexing limit of 2**31 of the Triton kernels (tiles {block_m} x {block_n}, "
                          f"S_q={seq_q}, S_k={seq_k}); split the batch into smaller calls or use one mask head")

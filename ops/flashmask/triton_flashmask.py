@@ -280,11 +280,11 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
 
 
 def _check_int32_offsets(**tensors) -> None:
-    """ValueError when an element offset of a tensor reaches 2**31: the kernels compute addresses as program
+    """ValueError when an element offset of a tensor exceeds 2**31 - 1: the kernels compute addresses as program
     ids times int32 strides (``b * stride(0)``), which would wrap around and read / write out of bounds."""
     for name, t in tensors.items():
         span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
-        if span >= 2**31:
+        if span > 2**31:  # span - 1 is the largest offset
             raise ValueError(f"flashmask_attention_triton: {name} {tuple(t.shape)} spans {span} elements, over the "
                              "int32 indexing limit of 2**31 of the Triton kernels; split the batch (or the heads) "
                              "into smaller calls")
@@ -398,8 +398,8 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
         ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16); an
             unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS`` /
-            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP``; q, k or v with 2**31 or more elements (or a visit list
-            that long: ``triton_blocklists.block_lists``), past the kernels' int32 indexing.
+            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP``; q, k or v spanning more than 2**31 elements (or a visit
+            list that long: ``triton_blocklists.block_lists``), past the kernels' int32 indexing.
     """
     if not q.is_cuda and not _interpreting():
         raise RuntimeError(
