@@ -72,8 +72,9 @@ def fwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool, four_vectors: bool 
 
 def dp_first(d_pad: int) -> bool:
     """Whether the backward kernels issue dP = dO V^T right after S = Q K^T, before the exp2/mask math, rather
-    than after it (same values). H200 A/B, v6 (docs/kernel_notes.md): 3-8 % faster backward at D = 64 and 7 % at
-    D = 256, 3-5 % slower at D = 128. ``FLASHMASK_DP_FIRST=0|1`` overrides it (benchmarking)."""
+    than after it (same values), for the padded head dim ``d_pad`` (so D = 96 follows D = 128). H200 A/B, v6
+    (docs/kernel_notes.md): 3-8 % faster backward at D = 64 and 7 % at D = 256, 3-5 % slower at D = 128.
+    ``FLASHMASK_DP_FIRST=0|1`` overrides it (benchmarking)."""
     env = _env_choice("FLASHMASK_DP_FIRST", "auto", ("auto", "0", "1"))
     return d_pad != 128 if env == "auto" else env == "1"
 

@@ -156,12 +156,13 @@ class MaskVectors:
         (flashmask.md §2.4), built on the device from the O(N) min/max in O(Tr*Tc) without evaluating any element.
         """
         key = (block_m, block_n, by_key)
-        if key not in self._lists and _torch_prep():
-            self._lists[key] = self.block_lists_reference(block_m, block_n, by_key)
         if key not in self._lists:
-            self._lists[key] = tl_lists.block_lists(
-                self.block_minmax(block_n), self.lts.shape[0] if self.has_mask else 1, self.seq_q, self.seq_k,
-                block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
+            if _torch_prep():
+                self._lists[key] = self.block_lists_reference(block_m, block_n, by_key)
+            else:
+                self._lists[key] = tl_lists.block_lists(
+                    self.block_minmax(block_n), self.lts.shape[0] if self.has_mask else 1, self.seq_q, self.seq_k,
+                    block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
         return self._lists[key]
 
     def block_lists_reference(self, block_m: int, block_n: int, by_key: bool):
