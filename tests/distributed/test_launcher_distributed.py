@@ -43,7 +43,7 @@ def _launch(job, name: str, nproc: int, **over) -> dict:
            "per_device_eval_batch_size": 1, "max_steps": 4, "learning_rate": 3e-3, "warmup_steps": 1,
            "logging_steps": 1, "save_strategy": "steps", "save_steps": 2, "max_length": 96, "src_length": 48,
            "flash_mask": True, "zero_padding": True, "greedy_zero_padding": False, "do_train": True,
-           "do_eval": False, "disable_tqdm": True, "chat_max_new_tokens": 0, "dataloader_shuffle": False}
+           "do_eval": False, "disable_tqdm": True, "chat_after_train": False, "dataloader_shuffle": False}
     cfg.update(over)
     path = job / f"{name}.json"
     path.write_text(json.dumps(cfg))
