@@ -1,22 +1,15 @@
 """run_finetune's ChatArgument: chat_max_new_tokens < 1 with chat_after_train is a config error (was accepted and
 printed an empty reply; predict.py already refuses --max_new_tokens < 1)."""
 
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from trainer_fixtures import load_run_finetune
 
 
 def _launcher():
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_run_finetune()
 
 
 def _cfg(tmp_path, **over):

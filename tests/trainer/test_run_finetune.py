@@ -1,7 +1,6 @@
 """llm/run_finetune.py end to end on a tiny random Llama (SmolLM2 tokenizer), in-process: training, dev loss,
 checkpoint, auto-resume, and a Hugging Face directory that ``transformers`` loads to the same logits."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -9,15 +8,13 @@ import sys
 import pytest
 import torch
 
+from trainer_fixtures import load_run_finetune
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _launcher():
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_run_finetune()
 
 
 @pytest.fixture(scope="module")

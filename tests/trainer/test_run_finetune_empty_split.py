@@ -2,22 +2,15 @@
 error naming the split, the data path and the keys to change, before training starts (was the sampler's
 "the dataset is empty" with no split named, after the output directory and its TensorBoard run were made)."""
 
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from trainer_fixtures import load_run_finetune
 
 
 def _launcher():
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_run_finetune()
 
 
 @pytest.fixture(scope="module")
