@@ -175,7 +175,7 @@ def clear_previous_run(training_args) -> None:
 
     out = training_args.output_dir
     old = [str(p) for p in list_checkpoints(out)] + _previous_outputs(out)
-    if old and int(os.environ.get("RANK", "0")) == 0:
+    if old and (not is_distributed() or torch.distributed.get_rank() == 0):
         import shutil
 
         logger.warning("overwrite_output_dir=true: removing the previous run's outputs in %s: %s", out,

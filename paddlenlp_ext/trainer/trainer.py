@@ -302,6 +302,7 @@ class Trainer:
         if resume_path is not None:
             self._load_checkpoint(resume_path)
         acc_steps = int(args.gradient_accumulation_steps)
+        per_epoch = self.micro_batches_per_epoch()
         if self.state.global_step >= max_steps:
             logger.warning("the checkpoint %s is already at step %d of max_steps=%d: nothing to train (raise "
                            "max_steps, or start over with --overwrite_output_dir true)", resume_path,
@@ -311,7 +312,6 @@ class Trainer:
                         "rank(s)",
                         self.state.global_step + 1, max_steps, max_steps, acc_steps,
                         args.per_device_train_batch_size, self.dp.size)
-            per_epoch = self.micro_batches_per_epoch()
             if per_epoch is not None and per_epoch < acc_steps:
                 logger.warning("each step takes gradient_accumulation_steps=%d micro-batches but an epoch holds %d "
                                "micro-batch(es) of %d on this rank: every step repeats packs (lower "
@@ -321,7 +321,6 @@ class Trainer:
         stream = self._micro_batch_stream()
         window = _Window(self.device)
         window.t0 = time.perf_counter()
-        per_epoch = self.micro_batches_per_epoch()
         total_tokens, total_loss, total_count, train_time = 0, 0.0, 0.0, 0.0
         self.model.train()
         while self.state.global_step < max_steps:
