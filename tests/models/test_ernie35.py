@@ -348,14 +348,9 @@ ERNIE_CONFIGS = os.path.join(ROOT, "config", "ernie35se")
 
 
 def _run_finetune_module():
-    import importlib.util
-    import sys
+    from tests._scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(ROOT, "llm", "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llm/run_finetune.py")
 
 
 @pytest.mark.parametrize("name", ["sft.json", "lora.json"])

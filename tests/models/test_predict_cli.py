@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 
@@ -12,15 +11,11 @@ from _llama_testing import tiny_model
 
 from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
 from paddlenlp_ext.transformers.generation import chat
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests._scripts import load_script
 
 
 def _load_predict():
-    spec = importlib.util.spec_from_file_location("llm_predict", os.path.join(ROOT, "llm", "predict.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llm/predict.py", "llm_predict")
 
 
 def _save_tiny_with_tokenizer(out):

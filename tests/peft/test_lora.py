@@ -243,15 +243,12 @@ def test_target_modules_choice():
 def test_paddlenlp_flashmask_lora_config_gives_paddlenlp_scaling():
     """config/llama/flashmask/lora.json (PaddleNLP's file) parses; its LoRA is rank 8, alpha 16 (scaling 2), all
     linear layers."""
-    import importlib.util
     import os
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(root, "llm", "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod
-    spec.loader.exec_module(mod)
+    from tests._scripts import ROOT, load_script
+
+    mod = load_script("llm/run_finetune.py")
+    root = str(ROOT)
     for path in ("config/llama/flashmask/lora.json", "config/smollm2/lora.json"):
         model_args, _, _, _ = mod.parse_args([os.path.join(root, path)])
         cfg = LoRAConfig.from_args(model_args)

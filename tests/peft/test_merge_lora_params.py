@@ -1,6 +1,5 @@
 """llm/merge_lora_params.py: merged model == base + adapter; atomic output; one-line errors for bad paths."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ import torch
 
 from paddlenlp_ext.peft import LoRALinear, apply_lora, merge_lora, save_lora
 from paddlenlp_ext.transformers import AutoModelForCausalLM
+from tests._scripts import load_script
 from tests.trl._tiny import make_tiny_model_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,10 +19,7 @@ SCRIPT = os.path.join(ROOT, "llm", "merge_lora_params.py")
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("merge_lora_params", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llm/merge_lora_params.py")
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,16 @@
 """llm/merge_lora_params.py: an --output_path below an existing file is refused before the base model is loaded,
 with one error naming that file (was os.makedirs' FileExistsError traceback after the load and merge)."""
 
-import importlib.util
-import os
-
 import pytest
 
 from paddlenlp_ext.peft import apply_lora, save_lora
 from paddlenlp_ext.transformers import AutoModelForCausalLM
+from tests._scripts import load_script
 from tests.trl._tiny import make_tiny_model_dir
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "llm",
-                      "merge_lora_params.py")
 
 
 def test_output_path_under_a_file(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("merge_lora_params", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("llm/merge_lora_params.py")
     base = make_tiny_model_dir(str(tmp_path / "base"))
     save_lora(apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 2}), str(tmp_path / "lora"),
               base_model_name_or_path=base)

@@ -3,16 +3,12 @@ later: the preset's weights were never saved, so loading "ernie/tiny-random-erni
 model and the adapter would be applied to weights it was not trained with, silently. load_merged_lora (used by
 llm/merge_lora_params.py and llm/predict.py) refuses it with the way out."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 from paddlenlp_ext.peft import load_merged_lora
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "llm",
-                      "merge_lora_params.py")
+from tests._scripts import load_script
 
 
 def _adapter_dir(path, base):
@@ -30,9 +26,7 @@ def test_load_merged_lora_refuses_a_random_preset_base(tmp_path):
 
 
 def test_merge_script_names_the_problem(tmp_path):
-    spec = importlib.util.spec_from_file_location("merge_lora_params", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("llm/merge_lora_params.py")
     lora = _adapter_dir(tmp_path / "lora", "ernie/tiny-random-ernie")
     with pytest.raises(ValueError, match="ernie/tiny-random-ernie"):
         mod.main(["--lora_path", lora, "--output_path", str(tmp_path / "merged")])

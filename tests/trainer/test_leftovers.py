@@ -257,13 +257,9 @@ def test_launcher_prints_the_missing_value_error_line():
 # ---- 3. predict.py's interactive chat: history, /reset, /exit, the context cap ------------------------------------
 
 def _predict():
-    import importlib.util
+    from tests._scripts import load_script
 
-    path = Path(__file__).resolve().parents[2] / "llm" / "predict.py"
-    spec = importlib.util.spec_from_file_location("llm_predict_leftovers", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llm/predict.py", "llm_predict_leftovers")
 
 
 class WordTokenizer:

@@ -7,9 +7,7 @@ a pure bf16 model that accumulates its gradients in bf16 (O2 without master grad
 """
 
 import copy
-import importlib.util
 import logging
-import pathlib
 import types
 
 import pytest
@@ -22,7 +20,6 @@ from paddlenlp_ext.trainer.mixed_precision import MasterWeights, precision_mode
 from paddlenlp_ext.trainer.trainer import Trainer
 from trainer_fixtures import PackDataset, TinyLM
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 BF16 = torch.bfloat16
 
 
@@ -291,9 +288,9 @@ def test_trainer_o2_path_and_resume(make_args, tiny_model, tmp_path, monkeypatch
 
 # ---- benchmarks/e2e_train.py amp=o2 -----------------------------------------------------------------------------
 def test_e2e_benchmark_amp_option(tmp_path):
-    spec = importlib.util.spec_from_file_location("e2e_train_amp", ROOT / "benchmarks" / "e2e_train.py")
-    e2e = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(e2e)
+    from tests._scripts import load_script
+
+    e2e = load_script("benchmarks/e2e_train.py", "e2e_train_amp")
     assert e2e.parse_setup("ours:amp=o2", "fused", "on")["amp"] == "o2"
     assert e2e.parse_setup("ours", "fused", "on", "o2")["amp"] == "o2"
     assert e2e.parse_setup("ours", "fused", "on")["amp"] == "o1"

@@ -4,15 +4,12 @@ The tiny model keeps the trainer tests independent of the Llama/FlashMask stack 
 fast on 2 CPU cores; it honours ``forward(input_ids, position_ids, attn_mask_startend_row_indices) -> logits``.
 """
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 from torch import nn
 
 from paddlenlp_ext.trainer.arguments import TrainingArguments
+from tests._scripts import load_script
 
 VOCAB, HIDDEN, L = 32, 16, 24
 
@@ -78,9 +75,4 @@ class PackDataset(torch.utils.data.Dataset):
 
 def load_run_finetune():
     """``llm/run_finetune.py`` imported as the module ``run_finetune`` (it is a script, not a package)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(root, "llm", "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llm/run_finetune.py")

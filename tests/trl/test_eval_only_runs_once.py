@@ -1,7 +1,6 @@
 """do_train false, do_eval true (evaluate a model): each launcher evaluates the dev set once and reports it as the
 "after" figure; it used to evaluate twice (a "before" and an identical "after") with nothing trained between."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -9,6 +8,7 @@ import sys
 import pytest
 
 from paddlenlp_ext.trainer.trainer import Trainer
+from tests._scripts import load_script
 from tests.trl._tiny import make_tiny_model_dir, write_pairs
 
 LLM = os.path.join(os.path.dirname(__file__), "..", "..", "llm")
@@ -18,11 +18,7 @@ import run_reward  # noqa: E402
 
 
 def _run_finetune():
-    spec = importlib.util.spec_from_file_location("run_finetune", os.path.join(LLM, "run_finetune.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_finetune"] = mod  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llm/run_finetune.py")
 
 
 @pytest.fixture(scope="module")
