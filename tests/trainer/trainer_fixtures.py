@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from paddlenlp_ext.trainer.arguments import TrainingArguments
-from tests._scripts import load_script
 
 VOCAB, HIDDEN, L = 32, 16, 24
 
@@ -75,4 +74,6 @@ class PackDataset(torch.utils.data.Dataset):
 
 def load_run_finetune():
     """``llm/run_finetune.py`` imported as the module ``run_finetune`` (it is a script, not a package)."""
+    from tests._scripts import load_script  # here: trainer_dist_worker.py imports this file without the repo root
+
     return load_script("llm/run_finetune.py")
