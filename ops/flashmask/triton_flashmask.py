@@ -13,6 +13,7 @@ Runs on CUDA, or on CPU under ``TRITON_INTERPRET=1`` (fp32/fp16 only; used by th
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import torch
@@ -298,6 +299,26 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 _NO_MASK: dict = {}  # (causal, S_q, S_k, device) -> MaskVectors without index tensor
 
 
+def _capturing(device) -> bool:
+    """True while a CUDA graph is being captured, or while torch.compile's CUDA-graph trees
+    (``mode="reduce-overhead"``) warm one up or record it: the warm-up allocates from the graph's private pool, and
+    a tensor kept alive past the call there is an error ("tensors in the cudagraph pool not tracked as outputs")."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return False
+    try:  # private API (torch 2.11 - 2.13): absent or changed means no graph trees to step around
+        manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),
+                                    create_if_none_exists=False)
+        return manager is not None and (manager.in_warmup or manager.in_recording)
+    except Exception:
+        return False
+
+
 def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVectors:
     """Preprocessed mask (SoA vectors, block min/max, visit lists), cached on the index tensor itself.
 
@@ -306,7 +327,14 @@ def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVect
     in-place edit of the indices rebuilds it. Without an index tensor the visit lists depend only on the mode and
     the lengths: they are kept in a small module-level cache (before, every call rebuilt them: about 15 small
     launches per pass). Inference tensors (``torch.inference_mode``) have no version counter: rebuilt every call.
+
+    While a CUDA graph is being captured (``torch.compile(mode="reduce-overhead")``, ``torch.cuda.graph``) nothing is
+    read from or written to either cache: a replay runs no Python, so lists taken from a cache would be the capture
+    call's lists on every replay, whatever mask the static input holds then (and ``_NO_MASK`` may free them). Built
+    inside the capture, the preprocessing kernels are part of the graph and rerun on each replay from its input.
     """
+    if _capturing(device):
+        return MaskVectors(sri, causal, seq_q, seq_k, device)
     if sri is None:
         key = (causal, seq_q, seq_k, torch.device(device))
         mv = _NO_MASK.get(key)

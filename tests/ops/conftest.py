@@ -10,6 +10,10 @@ import torch
 from torch.utils._device import _device_constructors
 
 def _poison(t: torch.Tensor) -> torch.Tensor:
+    # torch.compile's own allocations (fake tensors, e.g. inductor's pad_mm probes with requires_grad=True)
+    # cannot be filled in place and are not kernel outputs: left alone
+    if t.requires_grad or isinstance(t, torch._subclasses.FakeTensor):
+        return t
     if t.is_floating_point() or t.is_complex():
         t.fill_(float("nan"))
     elif t.dtype != torch.bool and t.numel():

@@ -1,4 +1,4 @@
-"""GPU only (not yet run): the Triton attention inside CUDA graphs (``torch.compile(mode="reduce-overhead")``).
+"""GPU only: the Triton attention inside CUDA graphs (``torch.compile(mode="reduce-overhead")``).
 
 The mask preprocessing is cached in Python (on the index tensor, and ``_NO_MASK`` for calls without one), and a
 graph replay runs no Python: these check that a replay with a new mask in the same static input still uses that
