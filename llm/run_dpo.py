@@ -74,12 +74,11 @@ def main(argv=None) -> dict:
     ref_model = None
     if not (dpo_config.reference_free or dpo_config.lora or dpo_config.precompute_reference_logps):
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # PaddleNLP: from_config + set_state_dict
-    if parallel_dims is not None:
-        from paddlenlp_ext.distributed import parallelize_model
+    from paddlenlp_ext.distributed import parallelize_model
 
-        model = parallelize_model(model, parallel_dims, training_args)
-        if ref_model is not None:
-            ref_model = parallelize_model(ref_model, parallel_dims, training_args)
+    model = parallelize_model(model, parallel_dims, training_args)  # TP, compile (to_static), FSDP2: what applies
+    if ref_model is not None and parallel_dims is not None:  # runs under no_grad: nothing to compile
+        ref_model = parallelize_model(ref_model, parallel_dims, training_args, compile=False)
     # only the splits this run uses: an evaluation-only run needs no train file (the default path may not exist)
     splits = [s for s, used in (("train", training_args.do_train), ("dev", training_args.do_eval)) if used]
     train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="dpo", splits=splits)

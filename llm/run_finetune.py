@@ -107,10 +107,9 @@ def main(argv=None) -> dict:
     from paddlenlp_ext.ops import set_llm_config
 
     set_llm_config(model, training_args)  # use_fused_* keys -> model config (PaddleNLP's LlmMetaConfig)
-    if parallel_dims is not None:
-        from paddlenlp_ext.distributed import parallelize_model
+    from paddlenlp_ext.distributed import parallelize_model
 
-        model = parallelize_model(model, parallel_dims, training_args)
+    model = parallelize_model(model, parallel_dims, training_args)  # TP, compile (to_static), FSDP2: what applies
     datasets = create_sft_datasets(data_args, tokenizer)
     train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
     if training_args.do_train and train_ds is None:

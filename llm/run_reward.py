@@ -51,10 +51,9 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
     path = resolve_model_name_or_path(model_args.model_name_or_path)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
-    if parallel_dims is not None:
-        from paddlenlp_ext.distributed import parallelize_model
+    from paddlenlp_ext.distributed import parallelize_model
 
-        model = parallelize_model(model, parallel_dims, training_args)
+    model = parallelize_model(model, parallel_dims, training_args)  # TP, compile (to_static), FSDP2: what applies
     # only the splits this run uses: an evaluation-only run needs no train file (the default path may not exist)
     splits = [s for s, used in (("train", training_args.do_train), ("dev", training_args.do_eval)) if used]
     train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="rm", splits=splits)

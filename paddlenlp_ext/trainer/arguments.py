@@ -172,6 +172,10 @@ class TrainingArguments:
         "RoPE of q and k in one torch.compile'd region on CUDA (eager on CPU / DTensors).")))
     use_fused_swiglu: bool = field(default=False, metadata=_help((
         "silu(gate)*up as one torch.compile'd kernel on CUDA (ours: PaddleNLP always uses its fused swiglu op).")))
+    to_static: bool = field(default=False, metadata=_help((
+        "PaddleNLP's dynamic-to-static switch. Here: torch.compile of each decoder layer for training passes "
+        "(paddlenlp_ext.distributed.apply_compile; evaluation and generation stay eager). The first steps "
+        "compile (tens of seconds). H200, 1B model at 8K packs: 1.05x tokens/s for 6.9 GiB more peak memory.")))
     use_fused_linear: bool = field(default=False, metadata=inert("the linears already run as single GEMMs",
                                                                  help="Fused linear."))
     use_fused_dropout_add: bool = field(default=False, metadata=inert("the models have no dropout",
