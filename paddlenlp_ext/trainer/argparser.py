@@ -20,6 +20,11 @@ Differences from PaddleNLP (all stricter or more informative):
   keys are set, ONE warning lists them all with their reasons. When a key gets implemented, remove its
   ``inert`` marker.
 - Invalid JSON is reported with file, line and column; duplicate keys in one JSON object are an error.
+- List-typed keys (``report_to``, ``lora_target_modules``, ...) take on the command line what the JSON takes:
+  a JSON list (``--report_to []``, ``--report_to '["tensorboard"]'``), comma-separated values
+  (``--report_to tensorboard,visualdl``) or several words (``--lora_target_modules q_proj v_proj``); ``none`` /
+  ``null`` gives None. A value starting with ``[`` that is not a list is an error (PaddleNLP's argparse,
+  ``nargs="+"``, would keep ``'[]'`` as a one-element list of the string ``'[]'``).
 """
 
 from __future__ import annotations
@@ -159,14 +164,50 @@ def _convert_value(value: Any, tp, from_cli: bool) -> Any:
         return None
     if origin in (list, tuple):
         (elem,) = typing.get_args(inner)[:1] or (Any,)
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v.strip()] if not from_cli else [value]
+        if from_cli and isinstance(value, str):
+            value = [value]
+        if from_cli and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            parsed = _cli_list(value)
+            if parsed is not None:  # a JSON list: its items are JSON values, converted as the config's are
+                return [_convert_value(v, elem, False) for v in parsed]
+            value = [v.strip() for tok in value for v in tok.split(",") if v.strip()]
+        elif isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"expected a list, got {value!r}")
-        if from_cli and len(value) == 1 and isinstance(value[0], str) and "," in value[0]:
-            value = [v.strip() for v in value[0].split(",") if v.strip()]
         return [_convert_value(v, elem, from_cli) for v in value]
     return _convert_scalar(value, inner, from_cli)
+
+
+def _cli_list(words: List[str]) -> Optional[list]:
+    """The command-line words of a list-typed key written as a JSON list, parsed; None when they are not one.
+
+    ``--report_to []`` -> ``[]``; ``--report_to '["tensorboard", "visualdl"]'`` -> both; the shell's split of an
+    unquoted ``[a, b]`` (``["[a,", "b]"]``) and ``[a,b]`` without quotes -> ``["a", "b"]``. Words that do not start
+    with ``[`` are not a JSON list (None: the caller splits them on commas, ``a,b`` or ``a b``).
+
+    Raises:
+        ValueError: the words start with ``[`` but are neither valid JSON nor a bracketed comma list, or hold
+            nested lists/objects; the message shows both accepted spellings.
+    """
+    text = " ".join(words).strip()
+    quoted = text[1:].lstrip()[:1] in ("\"", "'")  # ["a"... or ['a'...: meant as a JSON list
+    if not text.startswith("[") or not (text.endswith("]") or quoted):
+        return None  # e.g. a regex such as [qv]_proj for lora_target_modules
+    fix = ("write a JSON list such as '[]' or '[\"a\", \"b\"]' (quote it for the shell), or comma-separated "
+           "values such as a,b")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        inner = text[1:-1]
+        if any(c in inner for c in "\"'{}") or not text.endswith("]"):
+            raise ValueError(f"cannot read {text!r} as a list ({e.msg} at character {e.pos}); {fix}") from None
+        if any(c in inner for c in "[]"):
+            return None  # brackets inside and no quotes: regex character classes such as [qv]_pro[j]
+        return [v.strip() for v in inner.split(",") if v.strip()]  # [a, b] without quotes
+    if not isinstance(parsed, list) or any(isinstance(v, (list, dict)) for v in parsed):
+        raise ValueError(f"cannot read {text!r} as a flat list of values; {fix}")
+    return parsed
 
 
 def _load_json(path: str) -> Dict[str, Any]:

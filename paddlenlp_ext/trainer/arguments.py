@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 _SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")  # trainer/optimization.py
 _STRATEGIES = ("no", "steps", "epoch")
 _RECOMPUTE = ("full", "core_attn", "full_attn")
+# parallel degrees: -1 (unset, derived from the world size) or >= 1; data_parallel_degree where a subclass has it
+_DEGREES = ("tensor_parallel_degree", "sharding_parallel_degree", "data_parallel_degree", "pipeline_parallel_degree",
+            "sep_parallel_degree", "context_parallel_degree")
 
 
 
@@ -78,11 +81,16 @@ class TrainingArguments:
     eval_steps: Optional[int] = field(default=None, metadata=_help("Evaluate every N steps; None = logging_steps."))
     save_strategy: str = field(default="steps", metadata=_help("When to save: no | steps | epoch."))
     save_steps: int = field(default=500, metadata=_help("Save a checkpoint every N optimizer steps."))
-    save_total_limit: Optional[int] = field(default=None, metadata=_help("Keep at most N checkpoints (oldest go)."))
+    save_total_limit: Optional[int] = field(default=None, metadata=_help(
+        "Keep at most N >= 1 checkpoints (oldest go); null = keep all. 0 or negative also keeps all (Hugging Face's "
+        "and PaddleNLP's rule, kept for their configs) but logs a warning: write null for that, or save_strategy "
+        "'no' to save none."))
     logging_steps: int = field(default=500, metadata=_help("Log every N optimizer steps."))
     logging_dir: Optional[str] = field(default=None, metadata=_help("TensorBoard dir; None = <output_dir>/runs."))
     report_to: Optional[List[str]] = field(default=None, metadata=_help(
-        "Loggers: 'tensorboard' and/or 'none'; None = tensorboard if installed."))
+        "Loggers: a list of 'tensorboard' ('visualdl' is written as TensorBoard events too) or 'none'; null, [] or "
+        "'none' = no logger (PaddleNLP's null means visualdl). Command line: --report_to tensorboard, "
+        "--report_to tensorboard,visualdl, --report_to '[\"tensorboard\"]' or --report_to []."))
     disable_tqdm: Optional[bool] = field(default=None, metadata=_help("Disable the progress bar."))
 
     # batching (per device, in packs when zero_padding is on)
@@ -127,12 +135,14 @@ class TrainingArguments:
         "FSDP: fp32 reduce)", help="Keep fp32 master gradients (always the case here; no separate effect)."))
 
     # parallelism (degree -1 = derived from the world size)
-    tensor_parallel_degree: int = field(default=-1, metadata=_help("Tensor-parallel degree; -1/1 = off."))
+    tensor_parallel_degree: int = field(default=-1, metadata=_help(
+        "Tensor-parallel degree; -1/1 = off. 0 or < -1 is an error (PaddleNLP clamps it to 1)."))
     tensor_parallel_output: bool = field(default=True, metadata=_help(
         "Keep logits split over tensor-parallel ranks (vocab-parallel cross entropy)."))
     sequence_parallel: bool = field(default=False, metadata=_help("Shard activations along the sequence under TP."))
     sharding: str = field(default="", metadata=_help("'' | stage1 | stage2 | stage3 (optionally ' offload')."))
-    sharding_parallel_degree: int = field(default=-1, metadata=_help("Sharding degree; -1 = world / (tp*pp)."))
+    sharding_parallel_degree: int = field(default=-1, metadata=_help(
+        "Sharding degree; -1 = world / (tp*pp). 0 or < -1 is an error (PaddleNLP clamps it to 1)."))
     pipeline_parallel_degree: int = field(default=-1, metadata=inert("pipeline parallelism is not implemented",
                                                                      help="Pipeline-parallel degree."))
     virtual_pp_degree: int = field(default=1, metadata=inert("pipeline parallelism is not implemented",
@@ -255,10 +265,24 @@ class TrainingArguments:
         stage = self.sharding.replace("offload", "").split()
         e.check(all(s in ("stage1", "stage2", "stage3") for s in stage) and len(stage) <= 1,
                 f"sharding must be '', 'stage1', 'stage2' or 'stage3' (optionally + ' offload'), got {self.sharding!r}")
+        # PaddleNLP clamps every degree with max(degree, 1), so 0 or -5 silently means 1; refused here
+        for key in _DEGREES:
+            value = getattr(self, key, -1)
+            e.check(value is None or value == -1 or value >= 1,
+                    f"{key} must be -1 (unset, PaddleNLP's default) or >= 1 "
+                    f"(1 = off), got {value}; set {key} to -1 or a positive degree")
+        e.check(self.virtual_pp_degree >= 1, f"virtual_pp_degree must be >= 1 (1 = off), got {self.virtual_pp_degree}")
         if self.report_to is not None:
             bad = [r for r in self.report_to if r not in ("tensorboard", "none", "visualdl")]
-            e.check(not bad, f"report_to supports 'tensorboard' or 'none', got {bad}")
+            e.check(not bad, f"report_to supports 'tensorboard', 'visualdl' (written as TensorBoard events) or "
+                             f"'none', got {bad}; e.g. --report_to tensorboard, or --report_to [] for no logger")
         e.raise_if_any(type(self).__name__)
+        if self.save_total_limit is not None and self.save_total_limit <= 0:
+            # Hugging Face / PaddleNLP: save_total_limit <= 0 keeps every checkpoint (their _rotate_checkpoints
+            # returns early); kept so their configs run, but said aloud: 0 reads like "keep none"
+            logger.warning("save_total_limit=%d keeps ALL checkpoints (Hugging Face's rule for values <= 0); write "
+                           "save_total_limit null to keep all, a value >= 1 to keep the newest N, or save_strategy "
+                           "'no' to save none", self.save_total_limit)
         if self.eval_steps is None:
             self.eval_steps = self.logging_steps  # PaddleNLP: eval_steps falls back to logging_steps
 
