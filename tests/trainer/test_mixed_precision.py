@@ -304,3 +304,22 @@ def test_e2e_benchmark_amp_option(tmp_path):
     # same weights and packs: O1 and O2 losses differ by bf16 rounding only (measured 5e-5 on a loss of 6.26)
     assert abs(t["ours"]["final_loss"] - t["ours:amp=o2"]["final_loss"]) < 1e-3
     assert "| ours:amp=o2 | fused | on | o2 |" in e2e.fmt_table(t)
+
+
+def test_master_weights_are_freed_with_the_model():
+    """The parameter hooks hold MasterWeights weakly: dropping model, optimizer and MasterWeights frees the fp32
+    parameters and the bf16 copies (a strong reference made a cycle through C++-held hooks that gc cannot break;
+    on an H200 it kept 6.9 GiB per 1B model alive)."""
+    import gc
+    import weakref
+
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters())
+    mw = MasterWeights(model, torch.bfloat16, opt)
+    with mw.compute():  # the hooks still work while it is alive
+        model(torch.randn(2, 8, dtype=torch.bfloat16)).sum().backward()
+    assert model.weight.grad is not None and model.weight.grad.dtype == torch.float32
+    refs = [weakref.ref(x) for x in (model, mw, mw.copies[0], model.weight)]
+    del model, opt, mw
+    gc.collect()
+    assert [r() for r in refs] == [None] * 4
