@@ -25,8 +25,8 @@ import torch
 from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, is_distributed,
-                                         keep_final_model, lora_plus_optimizer, require_model_path, resume_target,
-                                         run_cli, save_adapter, train_summary)
+                                         keep_final_model, lora_plus_optimizer, output_dir_lock, require_model_path,
+                                         resume_target, run_cli, save_adapter, train_summary)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -94,6 +94,11 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     setup_logging(int(os.environ.get("RANK", "0")))
     model_args, data_args, training_args, chat_args = parse_args(argv)
+    with output_dir_lock(training_args):  # one training run per output_dir; released on return, error, Ctrl-C
+        return _run(start, model_args, data_args, training_args, chat_args)
+
+
+def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
     # before any loading: a bad output_dir fails fast

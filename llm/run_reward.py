@@ -23,7 +23,7 @@ import torch
 
 from paddlenlp_ext.trainer import set_seed
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
-                                         require_model_path, resume_target, run_cli, train_summary)
+                                         output_dir_lock, require_model_path, resume_target, run_cli, train_summary)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -37,6 +37,11 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     setup_logging(int(os.environ.get("RANK", "0")))
     model_args, data_args, training_args = parse_rm_args(argv)
+    with output_dir_lock(training_args):  # one training run per output_dir; released on return, error, Ctrl-C
+        return _run(start, model_args, data_args, training_args)
+
+
+def _run(start, model_args, data_args, training_args) -> dict:
     parallel_dims = init_parallel_dims(training_args)
     set_seed(training_args.seed)
     # before any loading: a bad output_dir fails fast

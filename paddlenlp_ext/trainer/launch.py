@@ -7,14 +7,137 @@ process layout, where to resume (and what an existing output_dir means), the LoR
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import time
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no output_dir lock (see output_dir_lock)
+    fcntl = None
+
 logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+
+
+class OutputDirLock:
+    """Advisory lock ``<output_dir>/.lock`` held by one training run: ``fcntl.flock`` on the open file, which holds
+    ``{"pid", "host"}`` of the holder. Use as a context manager (or ``acquire`` / ``release``).
+
+    The OS drops a ``flock`` when its process dies (killed, out of memory), so a ``.lock`` left behind by a dead
+    run is stale by construction: the next run takes it over with a warning naming the old pid and host.
+    ``release`` (at exit of the ``with``, also on an exception or Ctrl-C) removes the file, and ``output_dir``
+    too when this lock created it and it is still empty. Forked children (DataLoader workers) never release it.
+
+    Not in PaddleNLP or Hugging Face (they let two runs share an ``output_dir``). Over NFS, Linux maps ``flock``
+    to NFS byte-range locks; a file system that refuses locks gives a warning and no lock.
+
+    Raises (``acquire``):
+        ValueError: another live process holds the lock: the message names ``output_dir``, its pid and host.
+    """
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+        self.path = os.path.join(output_dir, LOCK_NAME)
+        self._fd: int | None = None
+        self._pid: int | None = None
+        self._created = False
+
+    def acquire(self) -> "OutputDirLock":
+        self._created = not os.path.isdir(self.output_dir)
+        os.makedirs(self.output_dir, exist_ok=True)
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _lock_holder(fd)
+                os.close(fd)
+                self._remove_created_dir()
+                raise ValueError(
+                    f"output_dir {self.output_dir} is in use by another training run ({holder}; lock file "
+                    f"{self.path}): two runs in one output_dir overwrite and delete each other's checkpoints. "
+                    "Wait for that run to end (or stop it), or choose another output_dir") from None
+            except OSError as e:  # e.g. ENOLCK: the file system has no locks
+                os.close(fd)
+                logger.warning("output_dir %s: cannot lock %s (%s); running without the lock that keeps a second "
+                               "run out of this directory", self.output_dir, self.path, e)
+                return self
+            try:  # its previous holder may have removed the file between our open and flock: lock the path's file
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:
+            raise ValueError(f"output_dir {self.output_dir}: {self.path} keeps being replaced by another process; "
+                             "is another run starting in this directory? Choose another output_dir")
+        stale = _lock_holder(fd, default="")
+        if stale:
+            logger.warning("output_dir %s: taking over the stale lock of %s (that process ended without releasing "
+                           "it, e.g. killed; a lock file is only left behind that way)", self.output_dir, stale)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        self._fd, self._pid = fd, os.getpid()
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None or os.getpid() != self._pid:  # not held, or a forked child: the parent's lock stays
+            return
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                os.unlink(self.path)  # while still locked, so a waiting opener sees the file is gone and retries
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # drops the flock
+        self._remove_created_dir()
+
+    def _remove_created_dir(self) -> None:
+        if self._created:  # a run that failed before writing anything leaves no empty output_dir behind
+            with contextlib.suppress(OSError):
+                os.rmdir(self.output_dir)
+
+    def __enter__(self) -> "OutputDirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _lock_holder(fd: int, default: str = "holder unknown") -> str:
+    """``"pid N on host H"`` from a lock file's JSON (its raw text if it is not ours), or ``default`` if empty."""
+    raw = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    if not raw:
+        return default
+    try:
+        info = json.loads(raw)
+        return f"pid {info['pid']} on host {info['host']}"
+    except (ValueError, KeyError, TypeError):
+        return f"lock file content {raw[:200]!r}"
+
+
+def output_dir_lock(training_args):
+    """The launchers' ``with output_dir_lock(training_args):`` around the whole job: an :class:`OutputDirLock` on
+    ``output_dir`` for a training run (``do_train``), taken by rank 0 only (``RANK``, set by torchrun); a no-op
+    context for evaluation-only runs, other ranks, or a platform without ``fcntl``.
+
+    Taken before anything loads, so a second run into a busy ``output_dir`` fails at once (ValueError naming the
+    directory and the holder's pid and host), before ``overwrite_output_dir`` could delete the first run's
+    checkpoints. ``clear_previous_run`` leaves ``.lock`` in place; a rerun after the first run ended (resume) takes
+    the lock again.
+    """
+    if not training_args.do_train or int(os.environ.get("RANK", "0")) != 0 or fcntl is None:
+        return contextlib.nullcontext()
+    return OutputDirLock(training_args.output_dir)
 
 
 def init_parallel_dims(training_args):
