@@ -20,7 +20,9 @@ Differences from PaddleNLP, deliberate:
   and of the first ``2i+2``), not by splitting the text on answer strings, so an answer repeated earlier in
   the chat cannot corrupt the split and the ids equal those the model sees at inference. Learned tokens:
   every assistant turn's tokens up to and including its end-of-turn token (the first special token after
-  the answer, e.g. ``<|im_end|>``); the template's trailing newline is not learned.
+  the answer, e.g. ``<|im_end|>``); the template's trailing newline is not learned. A template that ends the
+  assistant turn with no special token gets ``eos_token`` appended to each assistant turn (learned, with one
+  warning), so the model learns to stop; PaddleNLP learns no end token then.
 - An example that cannot be made to fit (no learned token left) is dropped and counted; see
   :func:`tokenize_sft_examples`.
 """
@@ -115,9 +117,40 @@ def _rounds_chat(messages: List[dict], tokenizer, template: str, context: dict,
             last += 1
         eot = next((k for k in range(first, last) if ids[k] in special), None)
         stop = eot + 1 if eot is not None else last
-        rounds.append((ids[start_tok:first], ids[first:stop]))
+        # no special token ends the turn: append EOS so the model learns to stop (see _end_of_turn)
+        end = [] if eot is not None else _end_of_turn(tokenizer, template)
+        rounds.append((ids[start_tok:first], ids[first:stop] + end))
         start_tok = stop
     return [], rounds, ids[start_tok:]
+
+
+_WARNED_TEMPLATES: set = set()  # one warning per template per process
+
+
+def _end_of_turn(tokenizer, template: str) -> List[int]:
+    """``[eos_token_id]`` to append to an assistant turn that the template ends without a special token (e.g. a
+    plain ``"assistant: {{ content }}\n"`` template), or ``[]`` when the tokenizer has no EOS. Warns once per
+    template: without it no learned label would mark the end of an answer and the model would never stop.
+
+    PaddleNLP appends nothing here (its Jinja path learns whatever the template renders after the answer), so
+    such a template trains a model that does not stop; ours learns ``answer ... </s>`` instead. The EOS also
+    stays in the input ids before the next turn (inference renders earlier turns without it).
+    """
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if template not in _WARNED_TEMPLATES:
+        _WARNED_TEMPLATES.add(template)
+        if eos is None:
+            logger.warning("the chat template ends an assistant turn with no special token and the tokenizer has "
+                           "no eos_token: no learned label marks the end of an answer, so the model will not learn "
+                           "to stop. End the assistant turn in the template with a special token (e.g. "
+                           "{{ eos_token }}) or set the tokenizer's eos_token")
+        else:
+            logger.warning("the chat template ends an assistant turn with no special token (such as <|im_end|> or "
+                           "{{ eos_token }}): appending eos_token %r to each assistant turn's learned tokens so the "
+                           "model learns to stop (PaddleNLP learns no end token with such a template). End the turn "
+                           "with a special token in the template to choose the token yourself",
+                           getattr(tokenizer, "eos_token", None))
+    return [] if eos is None else [eos]
 
 
 def _truncate(system: List[int], rounds, src_length: int, max_length: int, cut_last: bool = True):
