@@ -39,7 +39,8 @@ class OutputDirLock:
     to NFS byte-range locks; a file system that refuses locks gives a warning and no lock.
 
     Raises (``acquire``):
-        ValueError: another live process holds the lock: the message names ``output_dir``, its pid and host.
+        ValueError: another live process holds the lock: the message names ``output_dir``, its pid and host; or
+            ``output_dir`` / the lock file cannot be created (read-only, no permission).
     """
 
     def __init__(self, output_dir: str):
@@ -51,9 +52,13 @@ class OutputDirLock:
 
     def acquire(self) -> "OutputDirLock":
         self._created = not os.path.isdir(self.output_dir)
-        os.makedirs(self.output_dir, exist_ok=True)
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.makedirs(self.output_dir, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:  # read-only or not ours: the run could not save anything there either
+                raise ValueError(f"output_dir {self.output_dir}: cannot create the lock file {self.path} "
+                                 f"({e.strerror}); choose a writable output_dir") from e
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -185,3 +185,11 @@ def test_dpo_and_reward_launchers_take_the_lock(tmp_path, holder, launcher):
     with pytest.raises(ValueError, match=rf"output_dir {out} is in use by another training run \(pid {pid} on"):
         mod.main(["--model_name_or_path", str(tmp_path / "no-model"), "--output_dir", str(out),
                   "--do_train", "true", "--train_dataset_path", str(tmp_path / "none.jsonl")])
+
+
+
+def test_uncreatable_output_dir_is_a_value_error(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=r"cannot create the lock file .*choose a writable output_dir"):
+        OutputDirLock(str(blocker / "out")).acquire()
