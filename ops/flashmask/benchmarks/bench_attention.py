@@ -180,12 +180,14 @@ def run(args) -> list[dict]:
             setattr(torch._dynamo.config, knob, 64)
     flex = torch.compile(flex_attention, dynamic=False)
     h, d, dt = args.heads, args.head_dim, torch.bfloat16
+    hk = args.kv_heads or h
+    gqa = {"enable_gqa": True} if hk != h else {}  # flex and SDPA broadcast the KV heads over their query groups
     scale = d ** -0.5
     results = []
     for s in args.seqs:
         b = max(1, args.tokens // s)
         g = torch.Generator(device="cuda").manual_seed(s)
-        q, k, v, do = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=dt) for _ in range(4))
+        q, k, v, do = (torch.randn(b, s, n, d, generator=g, device="cuda", dtype=dt) for n in (h, hk, hk, h))
         qt, kt, vt, dot = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))  # [B, H, S, D] for baselines
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         leaves_t = [t.clone().requires_grad_(True) for t in (qt, kt, vt)]
@@ -194,7 +196,7 @@ def run(args) -> list[dict]:
             sri, causal = build_mask(name, s, b)
             n_allowed = allowed_count(sri, causal, b, s)
             fl = 4.0 * d * h * n_allowed
-            row = dict(mask=name, S=s, B=b, H=h, D=d, density=n_allowed / (b * s * s))
+            row = dict(mask=name, S=s, B=b, H=h, H_kv=hk, D=d, density=n_allowed / (b * s * s))
             row["ours_mask_bytes"] = 0 if sri is None else sri.numel() * sri.element_size()
             row["dense_mask_bytes"] = b * s * s  # [B, 1, S, S] bool
 
@@ -215,12 +217,12 @@ def run(args) -> list[dict]:
             row["flex_mask_bytes"] = block_mask_bytes(bm)
             if name == "full":
                 bm = None
-            fo = flex(qt, kt, vt, block_mask=bm, scale=scale)
+            fo = flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa)
             row["flex_vs_ours_maxdiff"] = float((fo.transpose(1, 2).float() - ref.float()).abs().max())
-            row["flex_fwd_ms"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, scale=scale))
+            row["flex_fwd_ms"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa))
 
             def flex_fb():
-                flex(*leaves_t, block_mask=bm, scale=scale).backward(dot)
+                flex(*leaves_t, block_mask=bm, scale=scale, **gqa).backward(dot)
 
             row["flex_fb_ms"] = bench(flex_fb, leaves_t)
 
@@ -228,14 +230,16 @@ def run(args) -> list[dict]:
                 for tag, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                     try:
                         with sdpa_kernel(be):
-                            so = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+                            so = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, **gqa)
                             row[f"sdpa_{tag}_vs_ours_maxdiff"] = float(
                                 (so.transpose(1, 2).float() - ref.float()).abs().max())
                             row[f"sdpa_{tag}_fwd_ms"] = bench(
-                                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale))
+                                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                                       **gqa))
 
                             def sd_fb():
-                                F.scaled_dot_product_attention(*leaves_t, is_causal=causal, scale=scale).backward(dot)
+                                F.scaled_dot_product_attention(*leaves_t, is_causal=causal, scale=scale,
+                                                               **gqa).backward(dot)
 
                             row[f"sdpa_{tag}_fb_ms"] = bench(sd_fb, leaves_t)
                     except RuntimeError as e:  # backend not available for this shape/build
@@ -244,15 +248,15 @@ def run(args) -> list[dict]:
                 from flashmask.dense import to_dense
 
                 dense = to_dense(sri, causal, seq_q=s, seq_k=s).cuda()  # [B|1, 1, S, S] bool
-                so = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense, scale=scale)
+                so = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense, scale=scale, **gqa)
                 live = dense.any(-1)[:, 0]  # [B|1, S]: empty rows give NaN in SDPA, 0 in ours
                 diff = (so.transpose(1, 2).float() - ref.float()).abs()
                 row["sdpa_dense_vs_ours_maxdiff"] = float(diff[live.expand(b, s)].max())
                 row["sdpa_dense_fwd_ms"] = bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense,
-                                                                                        scale=scale))
+                                                                                        scale=scale, **gqa))
 
                 def dn_fb():
-                    F.scaled_dot_product_attention(*leaves_t, attn_mask=dense, scale=scale).backward(dot)
+                    F.scaled_dot_product_attention(*leaves_t, attn_mask=dense, scale=scale, **gqa).backward(dot)
 
                 row["sdpa_dense_fb_ms"] = bench(dn_fb, leaves_t)
                 del dense
@@ -367,6 +371,7 @@ def main(argv=None):
     p.add_argument("--seqs", default="8192,16384,32768")
     p.add_argument("--tokens", type=int, default=32768, help="B * S")
     p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=0, help="K/V heads (GQA; default: --heads)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--masks", default=",".join(MASKS))
     p.add_argument("--dense-max-s", type=int, default=8192, help="largest S for the SDPA dense-mask baseline")
@@ -375,10 +380,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.seqs = [int(x) for x in args.seqs.split(",") if x]
     args.masks = [m for m in args.masks.split(",") if m]
+    if args.kv_heads and args.heads % args.kv_heads:
+        p.error(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA GPU")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
-          f"triton {__import__('triton').__version__} bf16 H={args.heads} D={args.head_dim}", flush=True)
+          f"triton {__import__('triton').__version__} bf16 H={args.heads} H_kv={args.kv_heads or args.heads} D={args.head_dim}", flush=True)
     mm = matmul_tflops()
     print(f"# bf16 matmul {mm:.0f} TFLOP/s", flush=True)
     res = run(args) if args.seqs and args.masks else []
