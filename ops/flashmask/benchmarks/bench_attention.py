@@ -38,21 +38,36 @@ MASKS = ["causal", "full", "causal_document", "share_question", "sliding_window_
          "document", "global_sliding", "causal_blockwise", "qk_sparse", "random_eviction"]
 
 
-def doc_lengths(s: int, b: int, seed: int) -> list[list[int]]:
-    """Per sample 3..7 (scaled by S/8K, capped at 15) documents of random length summing to S."""
+def doc_lengths(s: int, b: int, seed: int, kind: str = "lognormal") -> list[list[int]]:
+    """Per sample, document lengths summing to S.
+
+    ``lognormal`` (default since session 6): token-granular lengths from the end-to-end benchmark's chat-example
+    distribution, LogNormal(ln 661, 0.985) clipped to [16, S] (``benchmarks/e2e_train.py``), drawn until they
+    fill S; the last one is cut to fit. ``aligned64`` (the v1-v6 tables): 3..7 documents (x2 from 16K) with
+    boundaries on multiples of 64, which never cut a 64-wide tile (no partial tiles off the diagonal for 64-key
+    tiles): it flatters block-sparse kernels with small tiles.
+    """
     g = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(b):
-        n = int(torch.randint(3, 8, (1,), generator=g)) * max(1, min(2, s // 8192))
-        cuts = torch.sort(torch.randperm(s // 64 - 1, generator=g)[: n - 1] + 1).values * 64
-        edges = [0] + cuts.tolist() + [s]
-        rows.append([edges[i + 1] - edges[i] for i in range(n)])
+        if kind == "aligned64":
+            n = int(torch.randint(3, 8, (1,), generator=g)) * max(1, min(2, s // 8192))
+            cuts = torch.sort(torch.randperm(s // 64 - 1, generator=g)[: n - 1] + 1).values * 64
+            edges = [0] + cuts.tolist() + [s]
+            rows.append([edges[i + 1] - edges[i] for i in range(n)])
+            continue
+        lens, left = [], s
+        while left > 0:
+            n = int(torch.empty(1).log_normal_(math.log(661.0), 0.985, generator=g).round().clamp(16, s))
+            lens.append(min(n, left))
+            left -= lens[-1]
+        rows.append(lens)
     return rows
 
 
-def build_mask(name: str, s: int, b: int):
+def build_mask(name: str, s: int, b: int, docs_kind: str = "lognormal"):
     """(startend_row_indices or None, causal) for a benchmark mask at sequence length s, batch b."""
-    docs = doc_lengths(s, b, seed=s + b)
+    docs = doc_lengths(s, b, seed=s + b, kind=docs_kind)
     if name == "causal":
         return None, True
     if name == "full":
@@ -193,10 +208,10 @@ def run(args) -> list[dict]:
         leaves_t = [t.clone().requires_grad_(True) for t in (qt, kt, vt)]
         fm = FlexMask(b, s)
         for name in args.masks:
-            sri, causal = build_mask(name, s, b)
+            sri, causal = build_mask(name, s, b, args.docs)
             n_allowed = allowed_count(sri, causal, b, s)
             fl = 4.0 * d * h * n_allowed
-            row = dict(mask=name, S=s, B=b, H=h, H_kv=hk, D=d, density=n_allowed / (b * s * s))
+            row = dict(mask=name, S=s, B=b, H=h, H_kv=hk, D=d, docs=args.docs, density=n_allowed / (b * s * s))
             row["ours_mask_bytes"] = 0 if sri is None else sri.numel() * sri.element_size()
             row["dense_mask_bytes"] = b * s * s  # [B, 1, S, S] bool
 
@@ -371,6 +386,8 @@ def main(argv=None):
     p.add_argument("--seqs", default="8192,16384,32768")
     p.add_argument("--tokens", type=int, default=32768, help="B * S")
     p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--docs", default="lognormal", choices=("lognormal", "aligned64"),
+                   help="document lengths of the document masks (doc_lengths); aligned64 = the v1-v6 tables")
     p.add_argument("--kv-heads", type=int, default=0, help="K/V heads (GQA; default: --heads)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--masks", default=",".join(MASKS))
@@ -385,7 +402,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA GPU")
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} "
-          f"triton {__import__('triton').__version__} bf16 H={args.heads} H_kv={args.kv_heads or args.heads} D={args.head_dim}", flush=True)
+          f"triton {__import__('triton').__version__} bf16 H={args.heads} H_kv={args.kv_heads or args.heads} D={args.head_dim} docs={args.docs}", flush=True)
     mm = matmul_tflops()
     print(f"# bf16 matmul {mm:.0f} TFLOP/s", flush=True)
     res = run(args) if args.seqs and args.masks else []
