@@ -73,14 +73,18 @@ def _flashmask_bwd_dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
     sdkb, sdks, sdkh, sdvb, sdvs, sdvh, sdqb, sdqs, sdqh,
-    S_q, S_k, H_q, H_k, H_mask, G, NUM_N, NUM_M, qk_scale, sm_scale,
+    S_q, S_k, H_q, H_k, H_mask, G, SPLIT, NUM_N, NUM_M, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
     EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr,
 ):
+    # grid (key blocks, B * H_k * SPLIT): with SPLIT > 1 the G query heads of a KV head are shared out over SPLIT
+    # programs, each writing its partial dK / dV to head slot hk * SPLIT + part of an fp32 buffer that the launcher
+    # sums (more, lighter programs for GQA); SPLIT = 1 is one program per KV head writing dK / dV directly
     n = tl.program_id(0)
-    bhk = tl.program_id(1)
+    part = tl.program_id(1) % SPLIT
+    bhk = tl.program_id(1) // SPLIT
     b = bhk // H_k
     hk = bhk % H_k
     hm = (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
@@ -99,7 +103,8 @@ def _flashmask_bwd_dkdv_kernel(
                                          UTE + vec_off, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
     IDX, n_part, n_full, f_lo = _visit_list(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
 
-    for g in range(0, G):
+    g_per = G // SPLIT
+    for g in range(part * g_per, part * g_per + g_per):
         h = hk * G + g
         q_row = b * S_q  # TMA box coordinates of this head in the [B*S_q, H_q*D] views
         q_col = h * D
@@ -135,9 +140,10 @@ def _flashmask_bwd_dkdv_kernel(
                                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
                                     TMA_DQ, DP_FIRST)
 
-    _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
+    slot = hk * SPLIT + part
+    _store(DK + b * sdkb + slot * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)
-    _store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvs + offs_d[None, :],
+    _store(DV + b * sdvb + slot * sdvh + offs_n[:, None] * sdvs + offs_d[None, :],
            dv.to(DV.dtype.element_ty), kv_mask, EVEN)
 
 

@@ -80,6 +80,25 @@ def dp_first(d_pad: int) -> bool:
     return d_pad != 128 if env == "auto" else env == "1"
 
 
+def gqa_split(group: int) -> int:
+    """Programs per KV head in the dK/dV kernel: 1 (default) = one program loops all ``group`` query heads of its
+    KV head; k > 1 (``FLASHMASK_GQA_SPLIT=k``, k dividing ``group``; ``full`` = ``group``) shares them out over k
+    programs whose fp32 partial dK / dV the launcher sums. Written for the training shape (32 query / 8 KV heads,
+    B = 1: 1024 programs of 4 heads each; docs/kernel_notes.md, session 6) and not yet measured on a GPU, so it is
+    off by default.
+
+    Raises:
+        ValueError: a value that is not ``full`` or a positive integer.
+    """
+    raw = os.environ.get("FLASHMASK_GQA_SPLIT", "1").strip()
+    if raw == "full":
+        return group
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"FLASHMASK_GQA_SPLIT={raw!r}: expected a positive integer or 'full'")
+    k = int(raw)
+    return k if group % k == 0 else 1  # a split that does not divide this call's group falls back to none
+
+
 def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
     """Backward tile shapes: dK/dV kernel (BLOCK_N keys per program, BLOCK_M query rows per step) and dQ kernel.
 
@@ -227,6 +246,12 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     )
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    split = gqa_split(h_q // h_k)
+    if split > 1:  # fp32 partial sums, head slot hk * split + part, summed after the kernel
+        dk_acc = torch.empty(b, s_k, h_k * split, d, dtype=torch.float32, device=k.device)
+        dv_acc = torch.empty_like(dk_acc)
+    else:
+        dk_acc, dv_acc = dk, dv
     # dQ: by default a separate row-parallel kernel (bitwise reproducible, and on the H200 sweep v3 as fast as or
     # faster than thread atomics: 27.6 vs 28.8 ms full 8K D=128, 0.88 vs 1.21 ms causal document D=64).
     # FLASHMASK_ATOMIC_DQ=1 adds dQ tiles from the dK/dV kernel with fp32 thread atomics (FlashMask v1's scheme),
@@ -248,17 +273,20 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1))  # (batch, seq, head) like q's
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
     (q_, do_), tma = _operands("bwd", even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
-    _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
-        q_, k, v, do_, lse2, delta, dk, dv, dqa_arg, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
+    _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k * split),
+        q_, k, v, do_, lse2, delta, dk_acc, dv_acc, dqa_arg, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        dk_acc.stride(0), dk_acc.stride(1), dk_acc.stride(2), dv_acc.stride(0), dv_acc.stride(1), dv_acc.stride(2),
         sdq[0], sdq[1], sdq[2],
-        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
+        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, split, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
         D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=even, TMA=tma, TMA_DQ=tma_dq,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
+    if split > 1:
+        dk.copy_(dk_acc.view(b, s_k, h_k, split, d).sum(3))
+        dv.copy_(dv_acc.view(b, s_k, h_k, split, d).sum(3))
     if atomic:
         dq = torch.empty_like(q)
         torch.mul(dqa if tma_dq else dqa.transpose(1, 2), scale, out=dq)  # [B, S_q, H_q, D], scaled once

@@ -322,6 +322,19 @@ def test_tma_descriptor_path(monkeypatch, causal, c):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("causal,c,h_q,split", [(True, 2, 4, "2"), (False, 4, 8, "2"), (True, None, 8, "full"),
+                                                  (True, 1, 6, "4")])
+def test_gqa_split_option(monkeypatch, causal, c, h_q, split):
+    """``FLASHMASK_GQA_SPLIT``: the dK/dV kernel shares a KV head's query heads out over several programs and sums
+    their fp32 partials; every output within the reference tolerances (GQA h_q:2, per-head masks when C is even,
+    a partial tail tile). A split that does not divide the group (4 of 3) falls back to one program."""
+    monkeypatch.setenv("FLASHMASK_GQA_SPLIT", split)
+    gen = torch.Generator().manual_seed(31 + h_q + (c or 0))
+    sri = None if c is None else random_sri(2, 2 if c % 2 == 0 else 1, 45, causal, c, gen=gen)
+    q, k, v, do = make_qkv(2, 45, 45, h_q, 2, 32, torch.float32, seed=17)
+    check_case(q, k, v, do, sri, causal)
+
+
 def test_torch_prep_switch(monkeypatch):
     """``FLASHMASK_PREP=torch`` (pure-PyTorch min/max and visit lists) gives bitwise the same results as the
     default Triton preprocessing; another value is a ValueError naming the variable."""
@@ -343,7 +356,8 @@ def test_torch_prep_switch(monkeypatch):
 def test_unknown_environment_switch_is_an_error(monkeypatch):
     """A typo in a kernel switch must not silently pick a path: ValueError naming the variable."""
     q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)
-    for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS", "FLASHMASK_DP_FIRST"):
+    for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS", "FLASHMASK_DP_FIRST",
+                "FLASHMASK_GQA_SPLIT"):
         monkeypatch.setenv(var, "off")
         with pytest.raises(ValueError, match=var):
             _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, None, True, 0.25), q, k, v, do)

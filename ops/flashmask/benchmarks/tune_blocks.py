@@ -47,7 +47,7 @@ def _inputs(args, mask: str):
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, s, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     k, v = k[:, :, : h // args.gqa].contiguous(), v[:, :, : h // args.gqa].contiguous()
-    sri, causal = build_mask(mask, s, b)
+    sri, causal = build_mask(mask, s, b, args.docs)
     return q, k, v, do, (sri.cuda() if sri is not None else None), causal
 
 
@@ -119,6 +119,8 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--gqa", type=int, default=1, help="query heads per kv head")
     p.add_argument("--masks", default="full,causal_document", type=lambda s: s.split(","))
+    p.add_argument("--docs", default="lognormal", choices=("lognormal", "aligned64"),
+                   help="document lengths of the document masks (bench_attention.doc_lengths)")
     p.add_argument("--fwd", nargs="*", default=FWD, help="BM,BN,warps,stages")
     p.add_argument("--bwd", nargs="*", default=BWD, help="BM,BN,warps,stages,dqBM,dqBN,dqwarps,dqstages")
     p.add_argument("--atomic", action="store_true", help="also time the atomic-dQ backward")
