@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked, _load, _load_mask_cols, _masked_from_cols, _store, _visit_list
+from .triton_prep import _elem_masked, _load, _load_mask_cols, _lpt_row, _masked_from_cols, _store, _visit_list
 
 
 @triton.jit
@@ -73,22 +73,30 @@ def _flashmask_bwd_dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
     sdkb, sdks, sdkh, sdvb, sdvs, sdvh, sdqb, sdqs, sdqh,
-    S_q, S_k, H_q, H_k, H_mask, G, SPLIT, NUM_N, NUM_M, qk_scale, sm_scale,
+    S_q, S_k, H_q, H_k, H_mask, G, SPLIT, NUM_N, NUM_M, qk_scale, sm_scale, ORDER,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
-    EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr,
+    EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr, LPT: tl.constexpr,
 ):
-    # grid (key blocks, B * H_k * SPLIT): with SPLIT > 1 the G query heads of a KV head are shared out over SPLIT
-    # programs, each writing its partial dK / dV to head slot hk * SPLIT + part of an fp32 buffer that the launcher
-    # sums (more, lighter programs for GQA); SPLIT = 1 is one program per KV head writing dK / dV directly
-    n = tl.program_id(0)
-    part = tl.program_id(1) % SPLIT
-    bhk = tl.program_id(1) // SPLIT
+    # grid (key blocks, B * H_k * SPLIT), or with LPT (B * H_k * SPLIT, key blocks): heads fastest, key blocks by
+    # decreasing work (ORDER). With SPLIT > 1 the G query heads of a KV head are shared out over SPLIT programs,
+    # each writing its partial dK / dV to head slot hk * SPLIT + part of an fp32 buffer that the launcher sums
+    # (more, lighter programs for GQA); SPLIT = 1 is one program per KV head writing dK / dV directly
+    if LPT:
+        pid_h = tl.program_id(0)
+    else:
+        pid_h = tl.program_id(1)
+    part = pid_h % SPLIT
+    bhk = pid_h // SPLIT
     b = bhk // H_k
     hk = bhk % H_k
     hm = (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
     bm = b * H_mask + hm
+    if LPT:
+        n = _lpt_row(ORDER, tl.program_id(1), bm, NUM_N, HAS_MASK)
+    else:
+        n = tl.program_id(0)
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
@@ -179,19 +187,25 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S
 def _flashmask_bwd_dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
-    S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale,
+    S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale, ORDER,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
-    DP_FIRST: tl.constexpr,
+    DP_FIRST: tl.constexpr, LPT: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    bh = tl.program_id(1)
+    if LPT:  # grid order as in the forward kernel
+        bh = tl.program_id(0)
+    else:
+        bh = tl.program_id(1)
     b = bh // H_q
     h = bh % H_q
     hk = h // G
     hm = h // (H_q // H_mask)
     bm = b * H_mask + hm
+    if LPT:
+        pid_m = _lpt_row(ORDER, tl.program_id(1), bm, NUM_M, HAS_MASK)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D

@@ -80,6 +80,18 @@ def dp_first(d_pad: int) -> bool:
     return d_pad != 128 if env == "auto" else env == "1"
 
 
+def lpt_enabled() -> bool:
+    """``FLASHMASK_LPT=1``: launch every kernel with heads fastest and its outer blocks by decreasing listed work
+    (``MaskVectors.lpt_order``), so the heaviest blocks of all heads start first and light ones fill the tail.
+    Default ``0``: outer blocks in a fixed order (last query blocks first; key blocks in order), heads slowest.
+    Written for uneven masks at small batch (session 6, docs/kernel_notes.md); not yet measured on a GPU."""
+    return _env_choice("FLASHMASK_LPT", "0", ("0", "1")) == "1"
+
+
+def _grid(rows: int, heads: int, lpt: bool) -> tuple[int, int]:
+    return (heads, rows) if lpt else (rows, heads)
+
+
 def gqa_split(group: int) -> int:
     """Programs per KV head in the dK/dV kernel: 1 (default) = one program loops all ``group`` query heads of its
     KV head; k > 1 (``FLASHMASK_GQA_SPLIT=k``, k dividing ``group``; ``full`` = ``group``) shares them out over k
@@ -214,15 +226,17 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=False)
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    grid = (idx.shape[1], b * h_q)
+    lpt = lpt_enabled()
+    order = mv.lpt_order(bm, bn, by_key=False) if lpt else n_part  # n_part: an unused placeholder pointer
+    grid = _grid(idx.shape[1], b * h_q, lpt)
     even = _even(s_q, s_k, bm, bn, d, d_pad)
     (q_, k_, v_), tma = _operands("fwd", even, (q, bm), (k, bn), (v, bn))
     _launch(_flashmask_fwd_kernel, grid,
         q_, k_, v_, o, lse, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E,
-        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN=even, TMA=tma,
+        s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx.shape[1], idx.shape[2], scale * LOG2E, order,
+        D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN=even, TMA=tma, LPT=lpt,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_flags(mv, causal, q.dtype),
     )
     return o, lse
@@ -233,7 +247,8 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     s_k, h_k = k.shape[1], k.shape[2]
     d_pad = _pow2(d)
     cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
-    flags = dict(_flags(mv, causal, q.dtype), DP_FIRST=dp_first(d_pad))
+    lpt = lpt_enabled()
+    flags = dict(_flags(mv, causal, q.dtype), DP_FIRST=dp_first(d_pad), LPT=lpt)
     # Delta = rowsum(dO * O) - dLSE and LSE in log2 units, fp32 [B, H_q, S_q], in one pass over O and dO
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
@@ -273,14 +288,15 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
         sdq = (dqa.stride(0), dqa.stride(2), dqa.stride(1))  # (batch, seq, head) like q's
     idx, n_part, n_full, full_lo = _lists(mv, bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
     (q_, do_), tma = _operands("bwd", even, (q, bm), (do, bm))  # dK/dV streams Q and dO tiles
-    _launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k * split),
+    order = mv.lpt_order(bm, bn, by_key=True) if lpt else n_part  # n_part: an unused placeholder pointer
+    _launch(_flashmask_bwd_dkdv_kernel, _grid(idx.shape[1], b * h_k * split, lpt),
         q_, k, v, do_, lse2, delta, dk_acc, dv_acc, dqa_arg, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full,
         full_lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk_acc.stride(0), dk_acc.stride(1), dk_acc.stride(2), dv_acc.stride(0), dv_acc.stride(1), dv_acc.stride(2),
         sdq[0], sdq[1], sdq[2],
-        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, split, idx.shape[1], idx.shape[2], scale * LOG2E, scale,
+        s_q, s_k, h_q, h_k, mv.h_mask, h_q // h_k, split, idx.shape[1], idx.shape[2], scale * LOG2E, scale, order,
         D=d, BLOCK_D=d_pad, BLOCK_M=bm, BLOCK_N=bn, ATOMIC_DQ=atomic, EVEN=even, TMA=tma, TMA_DQ=tma_dq,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags,
     )
@@ -296,13 +312,14 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     idx2, n_part2, n_full2, full_lo2 = _lists(mv, bm2, bn2, by_key=False)
     even = _even(s_q, s_k, bm2, bn2, d, d_pad)
     (k_, v_), tma = _operands("bwd", even, (k, bn2), (v, bn2))  # dQ streams K and V tiles
-    _launch(_flashmask_bwd_dq_kernel, (idx2.shape[1], b * h_q),
+    order2 = mv.lpt_order(bm2, bn2, by_key=False) if lpt else n_part2
+    _launch(_flashmask_bwd_dq_kernel, _grid(idx2.shape[1], b * h_q, lpt),
         q, k_, v_, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2,
         full_lo2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx2.shape[1], idx2.shape[2], scale * LOG2E, scale,
+        s_q, s_k, h_q, mv.h_mask, h_q // h_k, idx2.shape[1], idx2.shape[2], scale * LOG2E, scale, order2,
         D=d, BLOCK_D=d_pad, BLOCK_M=bm2, BLOCK_N=bn2, EVEN=even, TMA=tma,
         num_warps=cfg["dq_warps"], num_stages=cfg["dq_stages"], **flags,
     )

@@ -165,6 +165,16 @@ class MaskVectors:
                     block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
         return self._lists[key]
 
+    def lpt_order(self, block_m: int, block_n: int, by_key: bool) -> torch.Tensor:
+        """Outer blocks by decreasing number of listed inner blocks (longest processing time first; ties in block
+        order), int32 ``[L, R]`` like :meth:`block_lists`' counts; cached. Used with ``FLASHMASK_LPT=1``."""
+        key = ("lpt", block_m, block_n, by_key)
+        if key not in self._lists:
+            _, n_p, n_f, _ = self.block_lists(block_m, block_n, by_key)
+            work = (n_p + n_f).to(torch.int32)
+            self._lists[key] = torch.argsort(work, dim=-1, descending=True, stable=True).to(torch.int32).contiguous()
+        return self._lists[key]
+
     def block_lists_reference(self, block_m: int, block_n: int, by_key: bool):
         """Pure-PyTorch :meth:`block_lists` (uncached; the tests' reference): tile classes, then a stable argsort
         of the 0/1/2 key (partial / unmasked / fully masked)."""
@@ -182,6 +192,15 @@ class MaskVectors:
         contiguous = (n_f == 0) | (last - first + 1 == n_f)
         full_lo = torch.where(contiguous, first, torch.full_like(first, -1)).contiguous()
         return idx, n_p, n_f, full_lo
+
+
+@triton.jit
+def _lpt_row(ORDER, rank, bm, NUM_ROWS, HAS_MASK: tl.constexpr):
+    """The outer block at position ``rank`` of :meth:`MaskVectors.lpt_order` (table ``bm``, or the shared one)."""
+    lrow = rank
+    if HAS_MASK:
+        lrow += bm * NUM_ROWS
+    return tl.load(ORDER + lrow)
 
 
 @triton.jit

@@ -335,6 +335,35 @@ def test_gqa_split_option(monkeypatch, causal, c, h_q, split):
     check_case(q, k, v, do, sri, causal)
 
 
+@pytest.mark.parametrize("causal,c", MODES, ids=[f"{'causal' if m[0] else 'full'}-C{m[1]}" for m in MODES])
+def test_lpt_order_option(monkeypatch, causal, c):
+    """``FLASHMASK_LPT=1`` only changes which program runs which outer block (heads fastest, blocks by decreasing
+    listed work): every output bitwise equal to the default order, also with the GQA split; the order is a
+    permutation of the outer blocks sorted by work."""
+    gen = torch.Generator().manual_seed(90 + (c or 0) + causal)
+    sri = None if c is None else random_sri(2, 2 if (c or 0) % 2 == 0 else 1, 53, causal, c, gen=gen)
+    q, k, v, do = make_qkv(2, 53, 53, 4, 2, 16, torch.float32, seed=23)
+    fn = lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, causal, 0.25, True)  # noqa: E731
+    runs = []
+    for lpt, split in (("0", "1"), ("1", "1"), ("1", "2"), ("0", "2")):
+        monkeypatch.setenv("FLASHMASK_LPT", lpt)
+        monkeypatch.setenv("FLASHMASK_GQA_SPLIT", split)
+        runs.append(_run(fn, q, k, v, do))
+    for a, b in zip(runs[0], runs[1]):
+        assert torch.equal(a, b)
+    for a, b in zip(runs[3], runs[2]):  # the split changes dK/dV summation order, not the program order's effect
+        assert torch.equal(a, b)
+    from flashmask.triton_flashmask import _mask_vectors
+
+    mv = _mask_vectors(sri, causal, 53, 53, q.device)
+    for by_key in (False, True):
+        _, n_p, n_f, _ = mv.block_lists(16, 16, by_key)
+        order = mv.lpt_order(16, 16, by_key).long()
+        assert torch.equal(order.sort(-1).values, torch.arange(order.shape[-1]).expand_as(order))
+        work = (n_p + n_f).gather(-1, order)
+        assert bool((work[..., :-1] >= work[..., 1:]).all())
+
+
 def test_torch_prep_switch(monkeypatch):
     """``FLASHMASK_PREP=torch`` (pure-PyTorch min/max and visit lists) gives bitwise the same results as the
     default Triton preprocessing; another value is a ValueError naming the variable."""
@@ -357,7 +386,7 @@ def test_unknown_environment_switch_is_an_error(monkeypatch):
     """A typo in a kernel switch must not silently pick a path: ValueError naming the variable."""
     q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)
     for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS", "FLASHMASK_DP_FIRST",
-                "FLASHMASK_GQA_SPLIT"):
+                "FLASHMASK_GQA_SPLIT", "FLASHMASK_LPT"):
         monkeypatch.setenv(var, "off")
         with pytest.raises(ValueError, match=var):
             _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, None, True, 0.25), q, k, v, do)
