@@ -37,7 +37,7 @@ import torch
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME
 from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE
 from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
-from paddlenlp_ext.transformers.generation import generate
+from paddlenlp_ext.transformers.generation import encode_conversation, generate  # noqa: F401 (re-exported)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,31 +88,6 @@ def load_model_and_tokenizer(path: str, dtype: str):
 
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
-
-
-def encode_conversation(tokenizer, messages: Sequence[Message]) -> list[int]:
-    """Prompt token ids of ``messages`` (ending with a user message), ready for the reply to be generated.
-
-    With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)`` (the ids
-    ``paddlenlp_ext.transformers.generation.chat`` uses). Without one: plain concatenation in the no-template SFT
-    layout, ``[bos] user_i`` + ``reply_i [eos]`` per finished turn and ``[bos] user`` last (no bos/eos when the
-    tokenizer has none); a system message, which that layout has no slot for, is prepended as text to the first
-    user message. Returns a list of int token ids.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        enc = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=True)
-        return list(enc["input_ids"])
-    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
-    ids: list[int] = []
-    for m in messages:
-        if m["role"] == "user":
-            text = f"{system}\n{m['content']}" if system is not None else m["content"]
-            system = None
-            ids += ([bos] if bos is not None else []) + list(tokenizer.encode(text, add_special_tokens=False))
-        elif m["role"] == "assistant":
-            ids += list(tokenizer.encode(m["content"], add_special_tokens=False)) + ([eos] if eos is not None else [])
-    return ids
 
 
 def fit_history(messages: Sequence[Message], count_tokens: Callable[[Sequence[Message]], int],

@@ -70,11 +70,13 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
     # before any loading: a bad output_dir fails fast
     resume = resume_target(training_args, model_args.model_name_or_path)
 
+    from paddlenlp_ext.datasets import set_chat_template
     from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer
     from paddlenlp_ext.trl.dpo_trainer import DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
+    set_chat_template(tokenizer, data_args.chat_template)  # 'none' also clears the saved template
     model = build_policy(model_args, training_args, dpo_config)
     ref_model = None
     if not (dpo_config.reference_free or dpo_config.lora or dpo_config.precompute_reference_logps):

@@ -104,10 +104,11 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     # before any loading: a bad output_dir fails fast
     resume = resume_target(training_args, model_args.model_name_or_path)
 
-    from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator
+    from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator, set_chat_template
     from paddlenlp_ext.transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    set_chat_template(tokenizer, data_args.chat_template)  # the template trained on is the one chatted with, saved
     model = build_model(model_args, training_args)
     from paddlenlp_ext.ops import set_llm_config
 

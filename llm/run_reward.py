@@ -47,6 +47,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
     # before any loading: a bad output_dir fails fast
     resume = resume_target(training_args, model_args.model_name_or_path)
 
+    from paddlenlp_ext.datasets import set_chat_template
     from paddlenlp_ext.datasets.preference import build_preference_data
     from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
     from paddlenlp_ext.trl.reward_model import LlamaForScore
@@ -54,6 +55,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
 
     require_model_path(model_args)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
+    set_chat_template(tokenizer, data_args.chat_template)  # 'none' also clears the saved template
     path = resolve_model_name_or_path(model_args.model_name_or_path)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
     from paddlenlp_ext.distributed import parallelize_model

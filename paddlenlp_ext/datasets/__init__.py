@@ -5,7 +5,7 @@
 (``DataArgument`` -> datasets + collator). Preference data lives in ``preference``.
 """
 
-from .builder import create_sft_datasets, make_sft_collator, resolve_chat_template
+from .builder import create_sft_datasets, make_sft_collator, resolve_chat_template, set_chat_template
 from .collate import PackCollator, collate_packs
 from .jsonl import check_sft_record, iter_jsonl, read_jsonl, sft_data_files
 from .sft import IGNORE_INDEX, tokenize_sft_example, tokenize_sft_examples
@@ -33,6 +33,7 @@ __all__ = [
     "make_sft_collator",
     "read_jsonl",
     "resolve_chat_template",
+    "set_chat_template",
     "sft_data_files",
     "shuffled_indices",
     "tokenize_sft_example",

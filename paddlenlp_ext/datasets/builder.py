@@ -57,6 +57,23 @@ def resolve_chat_template(chat_template: Optional[str]):
     raise ValueError(f"{path}: expected a Jinja template or a JSON object with a \"chat_template\" string")
 
 
+def set_chat_template(tokenizer, chat_template: Optional[str]):
+    """Put ``DataArgument.chat_template`` on the tokenizer, so the after-training chat and the saved tokenizer (hence
+    ``llm/predict.py``) render prompts the way the model was trained: a file's template replaces the tokenizer's,
+    ``"none"`` clears it (prompts then use the no-template SFT layout), None keeps the tokenizer's own.
+
+    PaddleNLP's launchers do the same (``tokenizer.init_chat_template``), so the saved tokenizer carries the
+    template trained on. Returns :func:`resolve_chat_template`'s value.
+
+    Raises:
+        ValueError: as :func:`resolve_chat_template`.
+    """
+    template = resolve_chat_template(chat_template)
+    if template != AUTO and hasattr(tokenizer, "chat_template"):
+        tokenizer.chat_template = template  # None for "none"
+    return template
+
+
 def _stream(files: List[str]) -> Iterator[dict]:
     for path in files:
         yield from iter_jsonl(path)

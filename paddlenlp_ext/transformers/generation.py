@@ -6,6 +6,8 @@ evaluation: prompts in one batch must have equal length (no left padding).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -78,8 +80,34 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 64, *, do_sam
     return out
 
 
+def encode_conversation(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Prompt token ids of ``messages`` (ending with a user message), ready for the reply to be generated.
+
+    With a chat template: ``apply_chat_template(messages, add_generation_prompt=True)``. Without one: plain
+    concatenation in the no-template SFT layout (``paddlenlp_ext.datasets.sft``), ``[bos] user_i`` +
+    ``reply_i [eos]`` per finished turn and ``[bos] user`` last (no bos/eos when the tokenizer has none); a system
+    message, which that layout has no slot for, is prepended as text to the first user message. Returns a list of
+    int token ids. Used by :func:`chat` and ``llm/predict.py`` (PaddleNLP ``BasePredictor._preprocess``).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        enc = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=True)
+        return list(enc["input_ids"])
+    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+    ids: list[int] = []
+    for m in messages:
+        if m["role"] == "user":
+            text = f"{system}\n{m['content']}" if system is not None else m["content"]
+            system = None
+            ids += ([bos] if bos is not None else []) + list(tokenizer.encode(text, add_special_tokens=False))
+        elif m["role"] == "assistant":
+            ids += list(tokenizer.encode(m["content"], add_special_tokens=False)) + ([eos] if eos is not None else [])
+    return ids
+
+
 def chat(model, tokenizer, messages, max_new_tokens: int = 128, **generate_kwargs) -> str:
-    """Answer a conversation with the tokenizer's chat template; returns the decoded reply (special tokens dropped).
+    """Answer a conversation with the tokenizer's chat template, or without one in the no-template SFT layout
+    (:func:`encode_conversation`, as ``llm/predict.py``); returns the decoded reply (special tokens dropped).
 
     Args:
         messages: ``[{"role": "user"|"assistant"|"system", "content": str}, ...]`` or one user string.
@@ -87,9 +115,8 @@ def chat(model, tokenizer, messages, max_new_tokens: int = 128, **generate_kwarg
     """
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     device = next(model.parameters()).device
-    ids = enc["input_ids"].to(device)  # [1, L]
+    ids = torch.tensor([encode_conversation(tokenizer, messages)], dtype=torch.long, device=device)  # [1, L]
     generate_kwargs.setdefault("eos_token_id", tokenizer.eos_token_id)
     generate_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
     out = generate(model, ids, max_new_tokens, **generate_kwargs)
