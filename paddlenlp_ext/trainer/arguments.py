@@ -277,9 +277,10 @@ class TrainingArguments:
             e.check(not bad, f"report_to supports 'tensorboard', 'visualdl' (written as TensorBoard events) or "
                              f"'none', got {bad}; e.g. --report_to tensorboard, or --report_to [] for no logger")
         e.raise_if_any(type(self).__name__)
-        if self.save_total_limit is not None and self.save_total_limit <= 0:
+        if self.save_total_limit is not None and self.save_total_limit <= 0 and self.save_strategy != "no":
             # Hugging Face / PaddleNLP: save_total_limit <= 0 keeps every checkpoint (their _rotate_checkpoints
-            # returns early); kept so their configs run, but said aloud: 0 reads like "keep none"
+            # returns early); kept so their configs run, but said aloud: 0 reads like "keep none" (unless
+            # nothing is saved at all)
             logger.warning("save_total_limit=%d keeps ALL checkpoints (Hugging Face's rule for values <= 0); write "
                            "save_total_limit null to keep all, a value >= 1 to keep the newest N, or save_strategy "
                            "'no' to save none", self.save_total_limit)
