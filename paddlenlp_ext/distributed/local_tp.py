@@ -208,7 +208,9 @@ def localize(module: nn.Module, group=None, reduce_grads: bool = False) -> None:
         finally:
             module._parameters.update(saved)
 
-    module.forward = forward
+    # Eager even inside a compiled layer (to_static): dynamo lifts parameters as graph inputs, so the swap above is
+    # invisible to a traced forward (it crashed: "mixed torch.Tensor and DTensor"); a graph break per norm instead.
+    module.forward = torch._dynamo.disable(forward)
 
 
 def _rowwise_forward(module: nn.Linear, group, sp: bool, fp32: bool):
