@@ -292,8 +292,10 @@ def clear_previous_run(training_args) -> None:
     """With ``do_train`` and ``overwrite_output_dir`` (and no ``resume_from_checkpoint``), remove the old run's
     outputs from ``output_dir`` (rank 0; logged): its ``checkpoint-*`` directories (left there, the next rerun
     would resume the old run, and ``save_total_limit`` would delete the new run's lower-numbered checkpoints
-    before the old ones), its final weights of either kind with their config, ``merged/`` and the TensorBoard
-    ``runs/``. Tokenizer files and anything else stay. The launchers call it right before ``Trainer.train``, after
+    before the old ones), its final weights of either kind with their config, ``merged/``, the TensorBoard
+    ``runs/`` and the saved chat template (``chat_template.jinja`` / ``.json``: a tokenizer without one, trained with
+    ``chat_template: none``, would not overwrite it, and transformers would load it back). Other tokenizer files
+    and anything else stay. The launchers call it right before ``Trainer.train``, after
     the model and data have loaded, so a bad config, model path or data file never costs the previous model.
     """
     if not (training_args.do_train and training_args.overwrite_output_dir) \
@@ -319,13 +321,14 @@ def clear_previous_run(training_args) -> None:
 
 def _previous_outputs(output_dir: str) -> list[str]:
     """Paths of a finished run's outputs in ``output_dir`` (weights of either kind, their configs, ``merged/``,
-    ``runs/``), for ``overwrite_output_dir``."""
+    ``runs/``, the chat template files), for ``overwrite_output_dir``."""
     from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
     from paddlenlp_ext.transformers.model_utils import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
     if not os.path.isdir(output_dir):
         return []
-    names = {CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME, "merged", "runs"}
+    names = {CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME, "merged", "runs",
+             "chat_template.jinja", "chat_template.json"}  # the new run's tokenizer writes its own template, if any
     return sorted(os.path.join(output_dir, n) for n in os.listdir(output_dir)
                   if n in names or (n.startswith("model-") and n.endswith(".safetensors")))
 

@@ -43,3 +43,23 @@ def test_template_none_saves_no_template_and_still_chats(tmp_path, make_tiny_sft
     summary, out = _run(tmp_path, make_tiny_sft_job, "none")
     assert isinstance(summary["chat"]["reply"], str)  # the chat ran in the no-template layout
     assert not AutoTokenizer.from_pretrained(str(out)).chat_template
+
+
+def test_overwrite_with_template_none_drops_the_old_template_file(tmp_path, make_tiny_sft_job):
+    """A first run saves ``chat_template.jinja``; ``overwrite_output_dir`` with ``chat_template: none`` must not leave
+    it behind (transformers would load it back as the template of a model trained without one)."""
+    from trainer_fixtures import load_run_finetune
+
+    summary, out = _run(tmp_path, make_tiny_sft_job, str(_write_plain(tmp_path)))
+    assert (out / "chat_template.jinja").is_file()
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    cfg.update(chat_template="none", overwrite_output_dir=True)
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    load_run_finetune().main([str(tmp_path / "cfg.json")])
+    assert not AutoTokenizer.from_pretrained(str(out)).chat_template
+
+
+def _write_plain(tmp_path):
+    tpl = tmp_path / "plain.jinja"
+    tpl.write_text(PLAIN)
+    return tpl
