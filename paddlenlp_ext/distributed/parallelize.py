@@ -365,11 +365,12 @@ def apply_compile(model: nn.Module) -> int:
     and no KV cache is passed, and the eager one otherwise (evaluation under ``no_grad``, generation with a
     cache, a DPO reference model): those calls would only add recompiles. Parameter names and the state dict
     are unchanged. The FlashMask attention is one custom op (``flashmask::triton_fwd`` / ``triton_bwd``), so
-    each layer compiles to one graph around it; activation checkpointing (``recompute``) wraps the compiled
+    each layer compiles to one graph around it (under TP without LoRA, ``local_tp``, the norms run eagerly between
+    graphs); activation checkpointing (``recompute``) wraps the compiled
     call. Apply after TP and before FSDP (torchtitan's order), after LoRA is injected.
 
-    Measured on an H200 (1B shape, 8K packs, O2; docs/benchmarks.md): 1.05x eager tokens/s, 6.9 GiB more peak
-    memory (benchmarks/e2e_train.py ``compile=layers``).
+    Measured on an H200 (1B shape, 8K packs, O2; docs/benchmarks.md Run v7): 1.03-1.04x eager tokens/s through the
+    Trainer, same peak memory (``benchmarks/trainer_to_static.py``; the "+6.9 GiB" of Run v6 was a since-fixed leak).
 
     Raises:
         ValueError: no module named ``...layers.<N>`` was found.
