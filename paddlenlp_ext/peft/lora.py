@@ -108,7 +108,9 @@ class LoRAConfig:
         if isinstance(self.target_modules, str):
             self.target_modules = [s.strip() for s in self.target_modules.split(",") if s.strip()]
         if not self.target_modules:
-            raise ValueError("lora target_modules is empty: give at least one module-name regex, e.g. '.*q_proj.*'")
+            raise ValueError("lora target_modules (lora_target_modules) is empty: give at least one module name or "
+                             "regex, e.g. q_proj,v_proj, or leave the key unset (null) for the default: every "
+                             "attention and MLP projection")
         for pat in self.target_modules:
             try:
                 re.compile(pat)
@@ -125,12 +127,19 @@ class LoRAConfig:
         """Build from a ``LoRAConfig``, a dict, or a launcher ``ModelArgument``.
 
         Reads ``lora_rank``, ``lora_alpha``, ``rslora``, ``lora_dropout``, ``lora_target_modules`` (str of
-        comma-separated regexes or list; None = default); missing attributes take defaults.
+        comma-separated regexes or list; None = default, an empty list or string is an error); missing attributes
+        take defaults.
+
+        Raises:
+            ValueError: as :class:`LoRAConfig` (empty or invalid ``target_modules``, bad rank).
         """
         if isinstance(args, cls):
             return args
         get = args.get if isinstance(args, dict) else (lambda k, d=None: getattr(args, k, d))
-        targets = get("lora_target_modules", None) or get("target_modules", None) or list(DEFAULT_TARGET_MODULES)
+        targets = get("lora_target_modules", None)
+        targets = get("target_modules", None) if targets is None else targets
+        # None = the default set; an explicit empty list ([] / "") is LoRAConfig's "empty" error, not the default
+        targets = list(DEFAULT_TARGET_MODULES) if targets is None else targets
         return cls(
             r=int(get("lora_rank", None) or get("r", None) or 8),
             lora_alpha=get("lora_alpha", None),
