@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
+from .sft import _end_of_turn, _special_ids
+
 IGNORE_INDEX = -100
 LAYOUTS = ("dpo", "rm")
 
@@ -149,7 +151,8 @@ def encode_response(tokenizer, src: List[str], tgt: List[str], response: str, us
     """Token ids of one answer including its end token (``<|im_end|>`` under ChatML, else ``eos``).
 
     Chat template: the text the template appends for the assistant turn after the generation prompt, cut after
-    the last end-of-turn token (``eos_token``), so a trailing newline is not learned.
+    the last end-of-turn token (``eos_token``), so a trailing newline is not learned. A turn that ends with no
+    special token gets ``eos_token`` appended (with SFT's one warning per template, ``sft._end_of_turn``).
 
     Raises:
         ValueError: the template does not render the generation prompt as a prefix of the full conversation.
@@ -168,7 +171,12 @@ def encode_response(tokenizer, src: List[str], tgt: List[str], response: str, us
         suffix = suffix[: suffix.rindex(eos) + len(eos)]
         answer, end = suffix[: -len(eos)], eos
         return _encode(tokenizer, answer, False) + _encode(tokenizer, end, False)
-    return _encode(tokenizer, suffix, False)
+    ids = _encode(tokenizer, suffix, False)
+    if not any(i in _special_ids(tokenizer) for i in ids):
+        # no special token ends the turn (e.g. "assistant: {{ content }}\n"): append EOS as SFT does, so the
+        # chosen response teaches the policy to stop (the raw encoding above ends with eos too)
+        ids += _end_of_turn(tokenizer, tokenizer.chat_template)
+    return ids
 
 
 def truncate(p: List[int], a: List[int], b: List[int], budget: int, max_prompt_len: int):
