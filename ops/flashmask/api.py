@@ -11,9 +11,12 @@ import torch
 _IMPLS = ("auto", "triton", "reference")
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, msg) -> None:
+    """ValueError(msg) unless ``cond``. ``msg`` is a string or a zero-argument callable returning one: the messages
+    that format sizes are built only on failure, because formatting a symbolic size under ``torch.compile`` pins it
+    to its value (a guard), and every new sequence length then recompiled the layers that call the attention."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg() if callable(msg) else msg)
 
 
 def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int, device,
@@ -30,12 +33,12 @@ def sliding_window_startend(window_size, seq_len: int, causal: bool, batch: int,
         wl, wr = window_size, (0 if causal else window_size)
     else:
         wl, wr = window_size
-    _check(wl >= 0 and wr >= 0, f"window_size must be non-negative, got {window_size}")
+    _check(wl >= 0 and wr >= 0, lambda: f"window_size must be non-negative, got {window_size}")
     seq_q = seq_len if seq_q is None else seq_q
     j = torch.arange(seq_len, device=device)
     lts = torch.clamp(j + wl + 1, max=seq_q)
     if causal:
-        _check(wr == 0, f"causal sliding window takes window_size=w or (w, 0), got {window_size}")
+        _check(wr == 0, lambda: f"causal sliding window takes window_size=w or (w, 0), got {window_size}")
         vec = lts[:, None]
     else:
         vec = torch.stack([lts, torch.clamp(j - wr, min=0, max=seq_q)], dim=-1)
@@ -46,25 +49,25 @@ _LAYOUT = " (layout [batch, seq, heads, head_dim]; for [batch, heads, seq, head_
 
 
 def _validate_qkv(query, key, value, causal, impl):
-    _check(impl in _IMPLS, f"impl must be one of {_IMPLS}, got {impl!r}")
+    _check(impl in _IMPLS, lambda: f"impl must be one of {_IMPLS}, got {impl!r}")
     for name, t in (("query", query), ("key", key), ("value", value)):
-        _check(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        _check(t.dim() == 4, f"{name} must have shape [batch, seq, heads, head_dim], got {list(t.shape)}")
+        _check(isinstance(t, torch.Tensor), lambda: f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _check(t.dim() == 4, lambda: f"{name} must have shape [batch, seq, heads, head_dim], got {list(t.shape)}")
         _check(t.dtype in (torch.float16, torch.bfloat16, torch.float32),
-               f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+               lambda: f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     b, s_q, h_q, d = query.shape
     _check(key.dtype == query.dtype and value.dtype == query.dtype,
-           f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+           lambda: f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     _check(key.device == query.device and value.device == query.device,
-           f"query, key, value must be on one device, got {query.device}, {key.device}, {value.device}")
-    _check(key.shape == value.shape, f"key and value shapes differ: {list(key.shape)} vs {list(value.shape)}")
+           lambda: f"query, key, value must be on one device, got {query.device}, {key.device}, {value.device}")
+    _check(key.shape == value.shape, lambda: f"key and value shapes differ: {list(key.shape)} vs {list(value.shape)}")
     _check(key.shape[0] == b and key.shape[3] == d,
-           f"key must be [batch={b}, seq_k, heads_k, head_dim={d}], got {list(key.shape)}")
+           lambda: f"key must be [batch={b}, seq_k, heads_k, head_dim={d}], got {list(key.shape)}")
     s_k, h_k = key.shape[1], key.shape[2]
     _check(h_k > 0 and h_q % h_k == 0,
-           f"query heads ({h_q}) must be a multiple of key/value heads ({h_k})" + _LAYOUT)
+           lambda: f"query heads ({h_q}) must be a multiple of key/value heads ({h_k})" + _LAYOUT)
     if causal:
-        _check(s_q == s_k, f"causal=True requires seq_q == seq_k, got seq_q={s_q}, seq_k={s_k}" + _LAYOUT)
+        _check(s_q == s_k, lambda: f"causal=True requires seq_q == seq_k, got seq_q={s_q}, seq_k={s_k}" + _LAYOUT)
 
 
 def _validate_startend(query, key, sri, causal):
@@ -73,24 +76,25 @@ def _validate_startend(query, key, sri, causal):
     b, s_q = query.shape[:2]
     s_k, h_k = key.shape[1], key.shape[2]
     _check(isinstance(sri, torch.Tensor) and sri.dim() == 4,
-           f"startend_row_indices must be a 4-D tensor [batch, heads_mask, seq_k, C], got "
+           lambda: f"startend_row_indices must be a 4-D tensor [batch, heads_mask, seq_k, C], got "
            f"{list(sri.shape) if isinstance(sri, torch.Tensor) else type(sri).__name__}")
     _check(sri.dtype == torch.int32,
-           f"startend_row_indices must be int32, got {sri.dtype}; convert it with .to(torch.int32)")
-    _check(sri.device == query.device, f"startend_row_indices is on {sri.device}, query on {query.device}")
+           lambda: f"startend_row_indices must be int32, got {sri.dtype}; convert it with .to(torch.int32)")
+    _check(sri.device == query.device, lambda: f"startend_row_indices is on {sri.device}, query on {query.device}")
     _check(sri.shape[0] == b and sri.shape[2] == s_k,
-           f"startend_row_indices must be [batch={b}, heads_mask, seq_k={s_k}, C], got {list(sri.shape)}" + _LAYOUT)
+           lambda: f"startend_row_indices must be [batch={b}, heads_mask, seq_k={s_k}, C], got {list(sri.shape)}"
+           + _LAYOUT)
     _check(sri.shape[1] in (1, h_k),
-           f"startend_row_indices heads_mask must be 1 or heads_k={h_k}, got {sri.shape[1]}: one mask per "
+           lambda: f"startend_row_indices heads_mask must be 1 or heads_k={h_k}, got {sri.shape[1]}: one mask per "
            f"key/value head at most (per-query-head masks are not supported, as in Paddle's flashmask_attention)")
     allowed_c = (1, 2) if causal else (2, 4)
     _check(sri.shape[3] in allowed_c,
-           f"startend_row_indices last dim must be in {allowed_c} when causal={causal}, got {sri.shape[3]} "
+           lambda: f"startend_row_indices last dim must be in {allowed_c} when causal={causal}, got {sri.shape[3]} "
            f"(causal: [LTS] or [LTS, LTE]; non-causal: [LTS, UTE] or [LTS, LTE, UTS, UTE])")
     if sri.numel() and not torch.compiler.is_compiling():
         lo, hi = _index_range(sri)
         _check(lo >= 0 and hi <= s_q,
-               f"startend_row_indices values must lie in [0, seq_q={s_q}], got min {lo}, max {hi}")
+               lambda: f"startend_row_indices values must lie in [0, seq_q={s_q}], got min {lo}, max {hi}")
 
 
 def _index_range(sri: torch.Tensor) -> tuple[int, int]:
@@ -154,7 +158,8 @@ def flashmask_attention(
 
     Source: Paddle ``flashmask_attention`` and FlashMask (Wang et al., ICLR 2025, arXiv 2410.01359).
     """
-    _check(dropout == 0.0, f"dropout must be 0.0: FlashMask attention dropout is not implemented, got {dropout}")
+    _check(dropout == 0.0,
+           lambda: f"dropout must be 0.0: FlashMask attention dropout is not implemented, got {dropout}")
     _validate_qkv(query, key, value, causal, impl)
     if window_size is not None:
         _check(startend_row_indices is None, "window_size and startend_row_indices cannot be combined")

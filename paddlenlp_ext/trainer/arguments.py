@@ -502,8 +502,6 @@ def finalize_sft_args(model_args: ModelArgument, data_args: DataArgument,
     5. ``merge_weights`` without ``lora``: logged (nothing to merge).
     6. ``tokenizer_name_or_path`` None: set to ``model_name_or_path``.
     7. benchmark / autotuner_benchmark coercions (:func:`apply_benchmark_overrides`).
-    8. ``to_static`` with dynamic padding (neither ``zero_padding`` nor ``pad_to_max_length``): logged, since every
-       new batch length recompiles the layers (torch.compile gives up after ``recompile_limit`` lengths).
 
     Raises:
         ValueError: rule 3.
@@ -534,11 +532,6 @@ def finalize_sft_args(model_args: ModelArgument, data_args: DataArgument,
         log("merge_weights=True has no effect without lora=True (there is no adapter to merge)")
     if model_args.tokenizer_name_or_path is None:
         model_args.tokenizer_name_or_path = model_args.model_name_or_path
-    if getattr(training_args, "to_static", False) and not (data_args.zero_padding or data_args.pad_to_max_length):
-        # measured on the CPU: each new length costs a full compile, and after 8 torch.compile stops compiling
-        log("to_static=True with dynamic padding (zero_padding and pad_to_max_length false): every new batch length "
-            "recompiles the decoder layers, and after torch._dynamo.config.recompile_limit lengths they run eagerly. "
-            "Set pad_to_max_length true (or zero_padding / flash_mask true) for one compiled shape")
     for m in apply_benchmark_overrides(training_args):
         msgs.append(m)
     return msgs

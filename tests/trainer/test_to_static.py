@@ -123,3 +123,17 @@ def test_launcher_trains_with_to_static_and_recompute(tmp_path, make_tiny_sft_jo
     summary = load_run_finetune().main([str(path)])
     assert summary["global_step"] == 2 and torch.isfinite(torch.tensor(summary["train_loss"]))
     assert (job / "out" / "model.safetensors").is_file()
+
+
+def test_new_lengths_compile_once_dynamic():
+    """A new batch length recompiles the layers once (dynamic shapes), not once per length: the attention's input
+    checks build their messages only on failure (formatting a symbolic length pinned it; every length recompiled)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = tiny_model(seed=5, num_hidden_layers=3).train()
+    apply_compile(model)
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for length in (24, 32, 40, 48):
+        model(torch.randint(0, 97, (1, length))).sum().backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2  # static first, then dynamic
