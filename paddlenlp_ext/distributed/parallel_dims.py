@@ -105,6 +105,7 @@ class ParallelDims:
         self._validate()
 
     def _resolve(self) -> None:
+        self._dp_given = self.dp != -1
         for name in ("dp", "sharding", "tp"):
             v = getattr(self, name)
             if v != -1 and v < 1:
@@ -124,12 +125,17 @@ class ParallelDims:
 
     def _validate(self) -> None:
         prod = self.dp * self.sharding * self.tp
+        # launchers leave dp at -1 (no such config key): say it was derived rather than name a key nobody set
+        dp_part = (f"data_parallel_degree({self.dp})" if self._dp_given
+                   else f"{self.dp} data-parallel replica(s) (derived)")
         if prod != self.world_size:
             raise ValueError(
-                f"parallel layout does not fill the world: data_parallel_degree({self.dp}) x "
+                f"parallel layout does not fill the world: {dp_part} x "
                 f"sharding_parallel_degree({self.sharding}) x tensor_parallel_degree({self.tp}) = {prod}, "
-                f"but world_size = {self.world_size}. Set the degrees so that their product is {self.world_size}, "
-                f"or leave sharding_parallel_degree at -1 to derive it."
+                f"but world_size = {self.world_size} (processes started by torchrun). Choose "
+                f"tensor_parallel_degree and sharding_parallel_degree so that their product divides "
+                f"{self.world_size} (the data-parallel replicas take the rest), or leave sharding_parallel_degree "
+                f"at -1 to derive it."
             )
         if self.sharding > 1 and self.sharding_stage is None:
             raise ValueError(

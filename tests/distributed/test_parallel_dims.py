@@ -112,3 +112,13 @@ def test_pipeline_parallel_rejected(monkeypatch):
     with pytest.raises(ValueError, match="`pipeline_parallel_degree`=2: pipeline, sep and context parallelism"):
         init_distributed(SimpleNamespace(pipeline_parallel_degree=2))
     init_distributed(SimpleNamespace(pipeline_parallel_degree=1, sep_parallel_degree=-1))
+
+
+def test_product_mismatch_with_derived_replicas_names_no_unset_key():
+    """The launchers leave the data-parallel degree at -1 (it is not a config key): the message calls it derived
+    instead of naming data_parallel_degree, which a user cannot set."""
+    with pytest.raises(ValueError) as e:
+        dims(world_size=3, dp=-1, sharding=-1, tp=2)
+    msg = str(e.value)
+    assert "data_parallel_degree" not in msg and "1 data-parallel replica(s) (derived)" in msg
+    assert "tensor_parallel_degree(2)" in msg and "world_size = 3" in msg
