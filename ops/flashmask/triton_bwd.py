@@ -73,7 +73,7 @@ def _flashmask_bwd_dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
     sdkb, sdks, sdkh, sdvb, sdvs, sdvh, sdqb, sdqs, sdqh,
-    S_q, S_k, H_q, H_k, H_mask, G, SPLIT, NUM_N, NUM_M, qk_scale, sm_scale, ORDER,
+    S_q, S_k, H_q, H_k, H_mask, G, SPLIT: tl.constexpr, NUM_N, NUM_M, qk_scale, sm_scale, ORDER,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
     HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
