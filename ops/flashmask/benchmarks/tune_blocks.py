@@ -11,7 +11,8 @@ processes (same shapes, so Triton's on-disk cache is hit later), then times ever
 process. Prints one table (ms, median of ``triton.testing.do_bench``) and the best config per kind.
 
 Usage: ``python -m flashmask.benchmarks.tune_blocks --head-dim 128 --masks full,causal,causal_document
-[--fwd 128,128,8,2 ...] [--bwd 64,128,8,2,128,64,8,2 ...] [--precompile 8] [--json out.json]``.
+[--fwd 128,128,8,2 ...] [--bwd 64,128,8,2,128,64,8,2 ...] [--precompile 8] [--processes 3] [--json out.json]``.
+``--processes N`` repeats the whole sweep in N fresh processes and reports medians across them.
 """
 
 from __future__ import annotations
@@ -112,6 +113,58 @@ def _precompile_worker(args, jobs):
             _time_one(args, job, mask, inputs, bench=False)
 
 
+def _strip(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``argv`` without each flag in ``flags`` and its value (``--flag v`` or ``--flag=v``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not any(a.startswith(f + "=") for f in flags):
+            out.append(a)
+    return out
+
+
+def aggregate(runs: list[list[dict]], masks: list[str]) -> list[dict]:
+    """Rows of several processes' sweeps (same jobs, same order) -> one row per job with the median ms per mask and
+    the per-process values (``ms_per_process``)."""
+    import statistics
+
+    rows = []
+    for i, row in enumerate(runs[0]):
+        per = {m: [run[i]["ms"][m] for run in runs] for m in masks}
+        rows.append(dict(row, ms={m: statistics.median(v) for m, v in per.items()}, ms_per_process=per))
+    return rows
+
+
+def _across_processes(argv: list[str], args) -> list[dict]:
+    """``--processes N``: the same sweep in N fresh processes (timings of small kernels move between processes by up
+    to 1.5x, docs/kernel_notes.md session 6), then medians across them."""
+    import subprocess
+    import tempfile
+
+    base = _strip(argv, ("--processes", "--json"))
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.processes):
+            out = os.path.join(tmp, f"run{i}.json")
+            subprocess.run([sys.executable, "-m", "flashmask.benchmarks.tune_blocks", *base, "--json", out], check=True)
+            with open(out) as f:
+                runs.append(json.load(f)["rows"])
+    rows = aggregate(runs, args.masks)
+    print(f"median over {args.processes} processes, ms [min-max]", flush=True)
+    for r in rows:
+        cells = " ".join(f"{r['ms'][m]:9.3f} [{min(r['ms_per_process'][m]):.3f}-{max(r['ms_per_process'][m]):.3f}]"
+                         for m in args.masks)
+        print(f"{r['variant']:8} {r['kind']:6} {r['config']:24} {cells}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(seq=args.seq, head_dim=args.head_dim, gqa=args.gqa, processes=args.processes, rows=rows),
+                      f, indent=1)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192)
@@ -127,8 +180,11 @@ def main(argv=None):
     p.add_argument("--alt", nargs="*", default=[], help="name=path: another package copy to A/B")
     p.add_argument("--env-variant", nargs="*", default=[], help="label=VAR=value[,VAR2=value2]")
     p.add_argument("--precompile", type=int, default=0, help="worker processes for compilation first")
+    p.add_argument("--processes", type=int, default=1, help="repeat the sweep in N fresh processes; report medians")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.processes > 1:
+        return _across_processes(list(sys.argv[1:] if argv is None else argv), args)
     jobs = _jobs(args)
     if args.precompile > 1:
         ctx = mp.get_context("spawn")
