@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import types
 from typing import Any
 
 import torch
@@ -380,20 +381,37 @@ def apply_compile(model: nn.Module) -> int:
         raise ValueError(f"to_static: found no decoder layers (modules named '...layers.<N>') in "
                          f"{type(model).__name__} to compile")
     for _, layer in layers:
-        layer.forward = _training_compiled(layer.forward)
+        layer.forward = _training_compiled(layer)
     return len(layers)
 
 
-def _training_compiled(eager):
-    compiled = torch.compile(eager)
+def _training_compiled(layer: nn.Module):
+    """The instance ``forward`` of :func:`apply_compile` for ``layer``: a method bound to the layer, so that
+    ``copy.deepcopy`` of the model rebinds it to the copy (a closure over ``layer.forward`` was copied as is, and
+    a deep copy of a compiled model ran the ORIGINAL layers' weights). Dynamo traces the same frame either way."""
+    eager = layer.forward
+    fn = eager.__func__ if getattr(eager, "__self__", None) is layer else None
+    if fn is None:  # forward already replaced by a plain callable: wrap it as it is
+        compiled_eager = torch.compile(eager)
 
-    def forward(*args, **kwargs):
-        kv_cache = kwargs.get("kv_cache", args[4] if len(args) > 4 else None)  # Llama's 5th argument
-        if torch.is_grad_enabled() and kv_cache is None:
-            return compiled(*args, **kwargs)
-        return eager(*args, **kwargs)
+        def forward_plain(*args, **kwargs):
+            if torch.is_grad_enabled() and _kv_cache(args, kwargs) is None:
+                return compiled_eager(*args, **kwargs)
+            return eager(*args, **kwargs)
 
-    return forward
+        return forward_plain
+    compiled = torch.compile(fn)
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and _kv_cache(args, kwargs) is None:
+            return compiled(self, *args, **kwargs)
+        return fn(self, *args, **kwargs)
+
+    return types.MethodType(forward, layer)
+
+
+def _kv_cache(args: tuple, kwargs: dict):
+    return kwargs.get("kv_cache", args[4] if len(args) > 4 else None)  # Llama's 5th argument (after self)
 
 
 def parallelize_model(model: nn.Module, parallel_dims: ParallelDims | None, training_args: Any = None, *,

@@ -137,3 +137,27 @@ def test_new_lengths_compile_once_dynamic():
     for length in (24, 32, 40, 48):
         model(torch.randint(0, 97, (1, length))).sum().backward()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before <= 2  # static first, then dynamic
+
+
+def test_deep_copy_of_a_compiled_model_runs_its_own_weights():
+    """``copy.deepcopy`` after ``apply_compile`` (a reference or EMA model): the copy's layers must run the copy's
+    weights, eagerly and compiled (the instance ``forward`` was a closure over the original layer's bound method,
+    copied as is, so the copy silently ran the original layers)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = tiny_model(seed=5)
+    apply_compile(model)
+    twin = copy.deepcopy(model)
+    plain = tiny_model(seed=5)
+    with torch.no_grad():
+        for p, q in zip(twin.parameters(), plain.parameters()):
+            p.mul_(0.5)
+            q.mul_(0.5)
+    ids, pos, sri = _batch()
+    with torch.no_grad():
+        assert torch.equal(twin(ids), plain(ids))
+    assert all(layer.forward.__self__ is layer for layer in twin.model.layers)
+    got, want = twin(ids, position_ids=pos, attn_mask_startend_row_indices=sri), plain(ids, position_ids=pos,
+                                                                                      attn_mask_startend_row_indices=sri)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
