@@ -1,5 +1,7 @@
 """``tune_blocks`` helpers that run without a GPU: argument stripping and the across-process aggregation."""
 
+import pytest
+
 from flashmask.benchmarks.tune_blocks import _strip, aggregate
 
 
@@ -16,3 +18,36 @@ def test_aggregate_takes_medians_per_job_and_mask():
     assert rows[0]["ms"] == {"m1": 2.0, "m2": 5.0}
     assert rows[0]["ms_per_process"] == {"m1": [1.0, 3.0, 2.0], "m2": [5.0, 4.0, 9.0]}
     assert rows[0]["config"] == "c" and rows[0]["kind"] == "bwd-d"
+
+
+def test_processes_children_run_one_sweep_even_with_abbreviated_flags(monkeypatch, tmp_path):
+    """``--proc 2`` (argparse abbreviation) must not reach the children: each would spawn 2 more, without end."""
+    import json
+    import subprocess
+
+    from flashmask.benchmarks import tune_blocks
+
+    children = []
+
+    def fake_run(cmd, check):
+        argv = cmd[3:]  # [python, -m, module, *argv]
+        children.append(argv)
+        out = argv[len(argv) - 1 - argv[::-1].index("--json") + 1]
+        with open(out, "w") as f:
+            json.dump({"rows": [{"variant": "new", "kind": "fwd", "config": "c", "ms": {"m1": 1.0}}]}, f)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    rows = tune_blocks.main(["--proc", "2", "--masks", "m1", "--js", str(tmp_path / "x.json")])
+    assert len(children) == 2 and rows[0]["ms"] == {"m1": 1.0}
+
+    class Sweep(Exception):
+        pass
+
+    def one_sweep(args):
+        raise Sweep(args.processes, args.json)
+
+    monkeypatch.setattr(tune_blocks, "_jobs", one_sweep)  # a child that runs its own sweep stops here
+    for argv in children:
+        with pytest.raises(Sweep) as e:
+            tune_blocks.main(argv)
+        assert e.value.args[0] == 1 and e.value.args[1] != str(tmp_path / "x.json")

@@ -144,7 +144,9 @@ def _across_processes(argv: list[str], args) -> list[dict]:
     import subprocess
     import tempfile
 
-    base = _strip(argv, ("--processes", "--json"))
+    # children run one sweep each: an explicit --processes 1 last (argparse takes abbreviations such as --proc 3,
+    # which _strip does not see: each child would have spawned N more, without end)
+    base = _strip(argv, ("--processes", "--json")) + ["--processes", "1"]
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.processes):
