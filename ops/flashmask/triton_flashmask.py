@@ -92,23 +92,26 @@ def _grid(rows: int, heads: int, lpt: bool) -> tuple[int, int]:
     return (heads, rows) if lpt else (rows, heads)
 
 
-def gqa_split(group: int) -> int:
+def gqa_split(group: int, kv_elements: int = 0) -> int:
     """Programs per KV head in the dK/dV kernel: 1 (default) = one program loops all ``group`` query heads of its
     KV head; k > 1 (``FLASHMASK_GQA_SPLIT=k``, k dividing ``group``; ``full`` = ``group``) shares them out over k
     programs whose fp32 partial dK / dV the launcher sums. Written for the training shape (32 query / 8 KV heads,
     B = 1: 1024 programs of 4 heads each; docs/kernel_notes.md, session 6) and not yet measured on a GPU, so it is
-    off by default.
+    off by default. ``kv_elements`` (B * S_k * H_k * D of this call): a split whose fp32 partial buffer (k times
+    that) would pass the kernels' int32 offsets (2**31) falls back to none, as q / k / v themselves are checked.
 
     Raises:
         ValueError: a value that is not ``full`` or a positive integer.
     """
     raw = os.environ.get("FLASHMASK_GQA_SPLIT", "1").strip()
     if raw == "full":
-        return group
+        raw = str(group)
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"FLASHMASK_GQA_SPLIT={raw!r}: expected a positive integer or 'full'")
     k = int(raw)
-    return k if group % k == 0 else 1  # a split that does not divide this call's group falls back to none
+    if group % k or kv_elements * k > 2**31:  # does not divide this call's group / buffer past int32 offsets
+        return 1
+    return k
 
 
 def bwd_config(d_pad: int, dtype: torch.dtype, on_gpu: bool) -> dict:
@@ -261,7 +264,7 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     )
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    split = gqa_split(h_q // h_k)
+    split = gqa_split(h_q // h_k, b * s_k * h_k * d)
     if split > 1:  # fp32 partial sums, head slot hk * split + part, summed after the kernel
         dk_acc = torch.empty(b, s_k, h_k * split, d, dtype=torch.float32, device=k.device)
         dv_acc = torch.empty_like(dk_acc)

@@ -29,3 +29,15 @@ def test_visit_list_over_int32_is_refused():
     mm = torch.zeros(8, 1, 1, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"2164260864 entries"):
         tl_lists.block_lists(mm, 129, 65536, 65536, 16, 16, False, True, True, False, False, False)
+
+
+def test_gqa_split_partial_buffer_over_int32_falls_back(monkeypatch):
+    # FLASHMASK_GQA_SPLIT=k writes fp32 partials [B, S_k, H_k * k, D]: k times the key elements, which q / k / v's
+    # own check does not see. B*S_k*H_k*D = 2**30 (a legal k) with k = 4 spans 2**32: b * stride wrapped in int32
+    from flashmask.triton_flashmask import gqa_split
+
+    for raw, k in (("4", 4), ("full", 4), ("2", 2)):
+        monkeypatch.setenv("FLASHMASK_GQA_SPLIT", raw)
+        assert gqa_split(4, 2**31 // k) == k  # largest offset 2**31 - 1: still fits
+        assert gqa_split(4, 2**31 // k + 1) == 1
+        assert gqa_split(4) == k
