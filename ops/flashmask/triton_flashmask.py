@@ -475,8 +475,9 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
         ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16); an
             unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS`` /
-            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP``; q, k or v spanning more than 2**31 elements (or a visit
-            list that long: ``triton_blocklists.block_lists``), past the kernels' int32 indexing.
+            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP`` / ``FLASHMASK_LPT`` / ``FLASHMASK_GQA_SPLIT``; q, k or v
+            spanning more than 2**31 elements (or a visit list that long: ``triton_blocklists.block_lists``), past
+            the kernels' int32 indexing.
     """
     if not q.is_cuda and not _interpreting():
         raise RuntimeError(
