@@ -367,8 +367,8 @@ def apply_compile(model: nn.Module) -> int:
     cache, a DPO reference model): those calls would only add recompiles. Parameter names and the state dict
     are unchanged. The FlashMask attention is one custom op (``flashmask::triton_fwd`` / ``triton_bwd``), so
     each layer compiles to one graph around it (under TP without LoRA, ``local_tp``, the norms run eagerly between
-    graphs); activation checkpointing (``recompute``) wraps the compiled
-    call. Apply after TP and before FSDP (torchtitan's order), after LoRA is injected.
+    graphs); activation checkpointing (``recompute``) wraps the compiled call. Apply after TP and before FSDP
+    (torchtitan's order), after LoRA is injected.
 
     Measured on an H200 (1B shape, 8K packs, O2; docs/benchmarks.md Run v7): 1.03-1.04x eager tokens/s through the
     Trainer, same peak memory (``benchmarks/trainer_to_static.py``; the "+6.9 GiB" of Run v6 was a since-fixed leak).
@@ -386,20 +386,11 @@ def apply_compile(model: nn.Module) -> int:
 
 
 def _training_compiled(layer: nn.Module):
-    """The instance ``forward`` of :func:`apply_compile` for ``layer``: a method bound to the layer, so that
-    ``copy.deepcopy`` of the model rebinds it to the copy (a closure over ``layer.forward`` was copied as is, and
-    a deep copy of a compiled model ran the ORIGINAL layers' weights). Dynamo traces the same frame either way."""
-    eager = layer.forward
-    fn = eager.__func__ if getattr(eager, "__self__", None) is layer else None
-    if fn is None:  # forward already replaced by a plain callable: wrap it as it is
-        compiled_eager = torch.compile(eager)
-
-        def forward_plain(*args, **kwargs):
-            if torch.is_grad_enabled() and _kv_cache(args, kwargs) is None:
-                return compiled_eager(*args, **kwargs)
-            return eager(*args, **kwargs)
-
-        return forward_plain
+    """The instance ``forward`` of :func:`apply_compile` for ``layer``: the class's ``forward``, compiled, as a
+    method bound to the layer, so that ``copy.deepcopy`` of the model rebinds it to the copy (a closure over
+    ``layer.forward`` was copied as is, and a deep copy of a compiled model ran the ORIGINAL layers' weights).
+    Taking the class's ``forward`` also makes a second :func:`apply_compile` replace the wrapper, not nest it."""
+    fn = type(layer).forward
     compiled = torch.compile(fn)
 
     def forward(self, *args, **kwargs):
