@@ -172,7 +172,7 @@ def encode_response(tokenizer, src: List[str], tgt: List[str], response: str, us
         answer, end = suffix[: -len(eos)], eos
         return _encode(tokenizer, answer, False) + _encode(tokenizer, end, False)
     ids = _encode(tokenizer, suffix, False)
-    if not any(i in _special_ids(tokenizer) for i in ids):
+    if _special_ids(tokenizer).isdisjoint(ids):
         # no special token ends the turn (e.g. "assistant: {{ content }}\n"): append EOS as SFT does, so the
         # chosen response teaches the policy to stop (the raw encoding above ends with eos too)
         ids += _end_of_turn(tokenizer, tokenizer.chat_template)
