@@ -202,3 +202,20 @@ def test_dp_first_other_order_gpu(d, monkeypatch):
     other, _ = check(q, k, v, do, sri, True)
     for a, b in zip(default, other):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lpt,split", [("1", "1"), ("0", "2"), ("0", "full"), ("1", "full")])
+def test_lpt_and_gqa_split_options_gpu(d, lpt, split, monkeypatch):
+    """``FLASHMASK_LPT`` and ``FLASHMASK_GQA_SPLIT`` at a GQA shape (8 query heads over 2 KV heads) with a
+    causal-document-like mask: within the reference tolerances; LPT alone is bitwise equal to the default."""
+    s = 2000
+    sri = random_sri(1, 1, s, True, 2, torch.Generator().manual_seed(13))
+    q, k, v, do = qkv(1, s, 8, 2, d, torch.bfloat16, 13)
+    default = run_kernel(q, k, v, do, sri, True)
+    monkeypatch.setenv("FLASHMASK_LPT", lpt)
+    monkeypatch.setenv("FLASHMASK_GQA_SPLIT", split)
+    other, _ = check(q, k, v, do, sri, True)
+    if split == "1":
+        for a, b in zip(default, other):
+            assert torch.equal(a, b)
