@@ -456,6 +456,42 @@ def _backward(ctx, do, dlse):
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerFunction(torch.autograd.Function):
+    """The same two passes as ``_fwd_op`` / ``_bwd_op`` for eager calls, without the ``torch.library`` layers
+    (dispatch, alias checks, autograd wrapper). On the H200 at the 1B training shape (B = 1, 8K, 32 / 8 heads,
+    D = 64) the custom ops cost about 200 us of host time per forward+backward on top of 0.75 ms of kernels, so
+    small calls were host-bound (docs/kernel_notes.md, session 7). ``torch.compile`` still sees the custom op
+    (:func:`flashmask_attention_triton` picks the path). Gradients are not materialised: an unused LSE output
+    gives ``dlse = None`` (no zeros tensor, no ``HAS_DLSE`` loads)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sri, causal, scale, deterministic):
+        ctx.set_materialize_grads(False)
+        mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
+        o, lse = _fwd(q, k, v, mv, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, *([] if sri is None else [sri]))
+        ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, *sri = ctx.saved_tensors
+        do = torch.zeros_like(o) if do is None else _last_dim_contiguous(do)
+        mv = _mask_vectors(sri[0] if sri else None, ctx.causal, q.shape[1], k.shape[1], q.device)
+        dq, dk, dv = _bwd(do, q, k, v, o, lse, dlse, mv, ctx.causal, ctx.scale, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
+
+
+def _use_custom_op(*tensors) -> bool:
+    """The custom op under ``torch.compile`` / export, for tensor subclasses (fake, functional, DTensor) and meta
+    tensors (its fake kernel gives the shapes), or with ``FLASHMASK_EAGER_OP=1``; the plain autograd.Function for
+    eager calls on ordinary tensors."""
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor or t.is_meta for t in tensors
+                                            if t is not None):
+        return True
+    return _env_choice("FLASHMASK_EAGER_OP", "0", ("0", "1")) == "1"
+
+
 def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, softmax_scale: float,
                                deterministic: bool = False):
     """FlashMask attention on the Triton kernels; returns ``(out [B,S_q,H_q,D], lse fp32 [B,H_q,S_q])``.
@@ -475,7 +511,8 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).
         ValueError: bf16 tensors on CPU (the interpreter computes bf16 dots wrongly: numpy has no bf16); an
             unknown value of ``FLASHMASK_TMA`` / ``FLASHMASK_ATOMIC_DQ`` / ``FLASHMASK_RANGE_LOOPS`` /
-            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP`` / ``FLASHMASK_LPT`` / ``FLASHMASK_GQA_SPLIT``; q, k or v
+            ``FLASHMASK_DP_FIRST`` / ``FLASHMASK_PREP`` / ``FLASHMASK_LPT`` / ``FLASHMASK_GQA_SPLIT`` /
+            ``FLASHMASK_EAGER_OP``; q, k or v
             spanning more than 2**31 elements (or a visit list that long: ``triton_blocklists.block_lists``), past
             the kernels' int32 indexing.
     """
@@ -488,4 +525,6 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
                          "the interpreter gives wrong bf16 results. Cast to float32 or use impl='reference'.")
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     _check_int32_offsets(q=q, k=k, v=v)
-    return _fwd_op(q, k, v, startend_row_indices, causal, float(softmax_scale), deterministic)
+    if _use_custom_op(q, k, v, startend_row_indices):
+        return _fwd_op(q, k, v, startend_row_indices, causal, float(softmax_scale), deterministic)
+    return _EagerFunction.apply(q, k, v, startend_row_indices, causal, float(softmax_scale), deterministic)

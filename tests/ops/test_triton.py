@@ -422,3 +422,28 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(_fwd_op, (q, k, v, sri, False, 0.25, False))
     o, lse = _fwd_op(q.detach(), k.detach(), v.detach(), sri, False, 0.25, False)
     torch.library.opcheck(_bwd_op, (do, q.detach(), k.detach(), v.detach(), o, lse, None, sri, False, 0.25, False))
+
+
+@pytest.mark.parametrize("causal,c", MODES, ids=[f"{'causal' if m[0] else 'full'}-C{m[1]}" for m in MODES])
+@pytest.mark.parametrize("use_lse", [False, True], ids=["out", "out+lse"])
+def test_eager_function_equals_custom_op(monkeypatch, causal, c, use_lse):
+    """Eager calls run a plain autograd.Function (less host time), ``torch.compile`` and ``FLASHMASK_EAGER_OP=1``
+    the custom ops: the two paths give bitwise the same out, LSE and gradients, with and without a loss on the
+    LSE (the eager path passes ``dlse = None`` when the LSE is unused)."""
+    import flashmask.triton_flashmask as T
+
+    gen = torch.Generator().manual_seed(7 + (c or 0) + causal)
+    sri = None if c is None else random_sri(2, 2 if (c or 0) % 2 == 0 else 1, 37, causal, c, gen=gen)
+    q, k, v, do = make_qkv(2, 37, 37, 4, 2, 16, torch.float32, seed=3)
+    fn = lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, causal, 0.25, False)  # noqa: E731
+    w = torch.linspace(-1, 1, 37) if use_lse else None
+    calls = []
+    real_fn, real_op = T._EagerFunction.apply, T._fwd_op
+    monkeypatch.setattr(T._EagerFunction, "apply", lambda *a: calls.append("fn") or real_fn(*a))
+    monkeypatch.setattr(T, "_fwd_op", lambda *a: calls.append("op") or real_op(*a))
+    eager = _run(fn, q, k, v, do, w)
+    monkeypatch.setenv("FLASHMASK_EAGER_OP", "1")
+    op = _run(fn, q, k, v, do, w)
+    assert calls == ["fn", "op"]
+    for a, b in zip(eager, op):
+        assert torch.equal(a, b)
