@@ -192,3 +192,18 @@ def test_block_mask_cache():
     c = flex._block_mask_for(sri, True, 2, 16, 20)
     assert c is not b and torch.equal(c.kv_num_blocks, flashmask_block_mask(sri, True, 2, 16).kv_num_blocks)
     assert flex._block_mask_for(sri.clone(), True, 2, 16, 20) is not c  # another tensor object
+
+
+def test_block_mask_cache_under_torch_compile():
+    """The flex backend inside a compiled function (as in compiled decoder layers): each call follows its own
+    mask. The BlockMask cache used to be traced, and dynamo kept the first call's BlockMask as a graph constant,
+    so every later mask ran with it (wrong output, no error). The builder now runs eagerly (compiler.disable)."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    s = 64
+    q, k, v = (torch.randn(1, s, 2, 16, generator=g) for _ in range(3))
+    fn = torch.compile(lambda q, k, v, sri: flex_flashmask_attention(q, k, v, sri, True, block_size=16,
+                                                                     compile=False))
+    for lens in ([s], [16, 48], [8] * 8):
+        sri = M.causal_document_mask([lens]).startend_row_indices
+        assert_matches_reference(fn(q, k, v, sri), q, k, v, sri, True, 16 ** -0.5)
