@@ -51,3 +51,31 @@ def test_processes_children_run_one_sweep_even_with_abbreviated_flags(monkeypatc
         with pytest.raises(Sweep) as e:
             tune_blocks.main(argv)
         assert e.value.args[0] == 1 and e.value.args[1] != str(tmp_path / "x.json")
+
+
+def test_device_fn_calls_the_kernels_with_prebuilt_mask_vectors():
+    """``--timing gpu`` times ``_fwd`` / ``_bwd`` directly with the mask vectors built once outside the graph; the
+    backward kind picks the deterministic dQ kernel for "bwd-d" only."""
+    import types
+
+    from flashmask.benchmarks.tune_blocks import _device_fn
+
+    calls = []
+    mod = types.SimpleNamespace(
+        _mask_vectors=lambda sri, causal, s_q, s_k, dev: calls.append(("mv", sri, causal, s_q, s_k)) or "MV",
+        _fwd=lambda q, k, v, mv, causal, scale: calls.append(("fwd", mv, causal, scale)) or ("O", "LSE"),
+        _bwd=lambda do, q, k, v, o, lse, dlse, mv, causal, scale, det: calls.append(("bwd", o, lse, dlse, mv, det)),
+    )
+    import torch
+
+    q = torch.zeros(1, 5, 2, 4)
+    k = torch.zeros(1, 7, 1, 4)
+    _device_fn(mod, "fwd", q, k, k, q, "SRI", True, 0.5)()
+    assert calls == [("mv", "SRI", True, 5, 7), ("fwd", "MV", True, 0.5)]
+    for kind, det in (("bwd-d", True), ("bwd-a", False)):
+        calls.clear()
+        fn = _device_fn(mod, kind, q, k, k, q, None, False, 0.5)
+        fn()
+        fn()
+        assert calls[-2:] == [("bwd", "O", "LSE", None, "MV", det)] * 2
+        assert [c[0] for c in calls] == ["mv", "fwd", "bwd", "bwd"]  # preprocessing and forward once, outside

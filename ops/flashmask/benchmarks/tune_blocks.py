@@ -9,6 +9,10 @@ environment switch (``--env-variant name=VAR=value[,VAR2=value2]``, e.g. ``FLASH
 Compilation dominates a sweep, so ``--precompile N`` first runs every (variant, config, mask) once in N worker
 processes (same shapes, so Triton's on-disk cache is hit later), then times everything sequentially in this
 process. Prints one table (ms, median of ``triton.testing.do_bench``) and the best config per kind.
+``--timing gpu`` times the kernels alone with ``triton.testing.do_bench_cudagraph`` (device time): at small shapes
+(e.g. D = 64, B = 1, 8K) a call is host-bound on the H200 machine and ``do_bench`` measures Python
+(docs/kernel_notes.md, session 7). A/B variants run at the first config of each ``--fwd`` / ``--bwd`` list, so put
+the default config of the head dim first (the built-in lists start with the D = 128 defaults).
 
 Usage: ``python -m flashmask.benchmarks.tune_blocks --head-dim 128 --masks full,causal,causal_document
 [--fwd 128,128,8,2 ...] [--bwd 64,128,8,2,128,64,8,2 ...] [--precompile 8] [--processes 3] [--json out.json]``.
@@ -70,8 +74,19 @@ def _jobs(args):
     return out
 
 
+def _device_fn(mod, kind: str, q, k, v, do, sri, causal: bool, scale: float):
+    """The kernels of one pass alone (``--timing gpu``): the mask preprocessing is done once here, outside the
+    CUDA graph, as the per-index-tensor cache does in training; the call then runs no autograd and no custom-op
+    layers. ``kind``: "fwd", "bwd-d" (deterministic dQ kernel) or "bwd-a" (atomic dQ per the environment)."""
+    mv = mod._mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
+    if kind == "fwd":
+        return lambda: mod._fwd(q, k, v, mv, causal, scale)
+    o, lse = mod._fwd(q, k, v, mv, causal, scale)
+    return lambda: mod._bwd(do, q, k, v, o, lse, None, mv, causal, scale, kind == "bwd-d")
+
+
 def _time_one(args, job, mask, inputs, bench: bool):
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     label, spec, env, kind, cfg = job
     env = dict(env)
@@ -86,6 +101,11 @@ def _time_one(args, job, mask, inputs, bench: bool):
         mod = _import_variant(spec)
         q, k, v, do, sri, causal = inputs
         scale = q.shape[-1] ** -0.5
+        if args.timing == "gpu":
+            fn = _device_fn(mod, kind, q, k, v, do, sri, causal, scale)
+            fn()  # compiles and builds the visit lists outside the graph
+            torch.cuda.synchronize()
+            return do_bench_cudagraph(fn, rep=40, return_mode="median") if bench else 0.0
         if kind == "fwd":
             fn = lambda: mod.flashmask_attention_triton(q, k, v, sri, causal, scale, False)  # noqa: E731
         else:
@@ -183,6 +203,9 @@ def main(argv=None):
     p.add_argument("--env-variant", nargs="*", default=[], help="label=VAR=value[,VAR2=value2]")
     p.add_argument("--precompile", type=int, default=0, help="worker processes for compilation first")
     p.add_argument("--processes", type=int, default=1, help="repeat the sweep in N fresh processes; report medians")
+    p.add_argument("--timing", default="wall", choices=("wall", "gpu"),
+                   help="wall: do_bench of the call (host included); gpu: CUDA-graph device time of the kernels "
+                        "alone (use it for small shapes, where the call is host-bound: docs/kernel_notes.md, session 7)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.processes > 1:
@@ -197,7 +220,7 @@ def main(argv=None):
         for pr in procs:
             pr.join()
     rows = []
-    print(f"seq {args.seq} head_dim {args.head_dim} gqa {args.gqa}; ms (median)", flush=True)
+    print(f"seq {args.seq} head_dim {args.head_dim} gqa {args.gqa}; ms (median, {args.timing} timing)", flush=True)
     print(f"{'variant':8} {'kind':6} {'config':24} " + " ".join(f"{m:>20}" for m in args.masks), flush=True)
     times = {job: [] for job in jobs}
     for mask in args.masks:
