@@ -474,6 +474,7 @@ class _EagerFunction(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # as _bwd_op (no autograd formula): a double backward raises
     def backward(ctx, do, dlse):
         q, k, v, o, lse, *sri = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else _last_dim_contiguous(do)
