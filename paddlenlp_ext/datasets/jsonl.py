@@ -17,6 +17,11 @@ import os
 from typing import Callable, Dict, Iterator, List, Optional
 
 SPLITS = ("train", "dev", "test")
+#: ``context`` keys that clash with ``tokenizer.apply_chat_template``'s own arguments (or the render's ``messages``)
+RESERVED_CONTEXT_KEYS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 def check_sft_record(record: dict) -> dict:
@@ -26,7 +31,8 @@ def check_sft_record(record: dict) -> dict:
 
     Raises:
         ValueError: not an object, ``src`` or ``tgt`` missing, not a string / list of strings, empty lists,
-            lists of different lengths, or ``context`` not an object. The message is the rule and the fix;
+            lists of different lengths, ``context`` not an object or holding a key of
+            :data:`RESERVED_CONTEXT_KEYS` (an argument of ``apply_chat_template``). The message is the rule and the fix;
             :func:`iter_jsonl` prefixes the file and line.
     """
     if not isinstance(record, dict):
@@ -53,6 +59,12 @@ def check_sft_record(record: dict) -> dict:
                          f"src[i] needs its answer tgt[i]")
     if "context" in record and not isinstance(record["context"], dict):
         raise ValueError(f"\"context\" must be a JSON object, got {type(record['context']).__name__}")
+    reserved = sorted(set(record.get("context") or {}) & RESERVED_CONTEXT_KEYS)
+    if reserved:
+        # context is passed as keyword arguments to apply_chat_template / the Jinja render: these names are
+        # already arguments there, and a TypeError deep inside the tokenizer would not name the line
+        raise ValueError(f"\"context\" key(s) {reserved} are arguments of apply_chat_template, not template "
+                         f"variables; rename them (context holds extra variables for the chat template)")
     return out
 
 

@@ -70,10 +70,12 @@ def check_preference_data(data: dict, where: str = "<example>") -> PreferenceExa
             raise ValueError(f"{where}: missing key {key!r}; a record needs src, tgt, response and sort{hint}")
     src = [data["src"]] if isinstance(data["src"], str) else data["src"]
     tgt = [data["tgt"]] if isinstance(data["tgt"], str) else data["tgt"]
+    # type check first: a null or numeric src/tgt must give this line, not a TypeError from len() below
+    if not isinstance(src, list) or not isinstance(tgt, list) or not all(isinstance(t, str) for t in src + tgt):
+        raise ValueError(f"{where}: src and tgt must be a string or a list of strings, got src={data['src']!r:.80}, "
+                         f"tgt={data['tgt']!r:.80}")
     if isinstance(data["tgt"], str) and data["tgt"] == "" and len(src) == 1:
         tgt = []  # "tgt": "" with a single src means no history
-    if not isinstance(src, list) or not isinstance(tgt, list) or not all(isinstance(t, str) for t in src + tgt):
-        raise ValueError(f"{where}: src and tgt must be a string or a list of strings")
     if len(src) != len(tgt) + 1:
         raise ValueError(
             f"{where}: rule len(src) == len(tgt) + 1 broken: got {len(src)} src and {len(tgt)} tgt turns "

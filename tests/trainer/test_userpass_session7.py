@@ -1,0 +1,39 @@
+"""New-user pass, session 7: each test reproduces one bug found by following README.md as a new user.
+
+CPU only, no model weights (the SmolLM2 tokenizer files at most).
+"""
+
+import json
+
+import pytest
+
+from paddlenlp_ext.datasets.jsonl import iter_jsonl
+from paddlenlp_ext.datasets.preference import read_preference_jsonl
+
+
+def _write(path, lines):
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_preference_null_src_names_file_and_line(tmp_path):
+    # was: TypeError "object of type 'NoneType' has no len()", with no file or line
+    ok = {"src": "a", "tgt": "", "response": ["x", "y"], "sort": [1, 0]}
+    path = _write(tmp_path / "train.jsonl", [ok, {**ok, "src": None}])
+    with pytest.raises(ValueError, match=r"train\.jsonl:2: src and tgt must be a string or a list of strings"):
+        list(read_preference_jsonl(path))
+    path = _write(tmp_path / "dev.jsonl", [{**ok, "tgt": 3}])
+    with pytest.raises(ValueError, match=r"dev\.jsonl:1: src and tgt"):
+        list(read_preference_jsonl(path))
+
+
+@pytest.mark.parametrize("key", ["add_generation_prompt", "tokenize", "messages"])
+def test_sft_context_key_clashing_with_apply_chat_template_names_line(tmp_path, key):
+    # was: TypeError "apply_chat_template() got multiple values for keyword argument ..." during tokenisation,
+    # naming neither the file nor the line
+    path = _write(tmp_path / "train.json", [{"src": "a", "tgt": "b"}, {"src": "a", "tgt": "b", "context": {key: 1}}])
+    with pytest.raises(ValueError, match=rf"train\.json:2: \"context\" key\(s\) \['{key}'\]"):
+        list(iter_jsonl(path))
+    # ordinary template variables still pass
+    path = _write(tmp_path / "ok.json", [{"src": "a", "tgt": "b", "context": {"system": "be brief"}}])
+    assert list(iter_jsonl(path))[0]["context"] == {"system": "be brief"}
