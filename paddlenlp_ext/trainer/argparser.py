@@ -223,8 +223,16 @@ def _load_json(path: str) -> Dict[str, Any]:
             seen[k] = v
         return seen
 
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        # utf-8-sig: a byte-order mark (Windows editors save one) is not part of the JSON
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}:{line}:{col}: not UTF-8 (byte 0x{raw[e.start]:02x}); save the config file as "
+                         "UTF-8") from None
     if not text.strip():
         raise ValueError(f"{path}: the config file is empty; it must hold a JSON object {{\"key\": value, ...}} "
                          "(see config/ for examples)")

@@ -37,3 +37,25 @@ def test_sft_context_key_clashing_with_apply_chat_template_names_line(tmp_path, 
     # ordinary template variables still pass
     path = _write(tmp_path / "ok.json", [{"src": "a", "tgt": "b", "context": {"system": "be brief"}}])
     assert list(iter_jsonl(path))[0]["context"] == {"system": "be brief"}
+
+
+def test_config_json_with_utf8_bom_parses(tmp_path):
+    # was: "/x.json:1:1: invalid JSON: Unexpected UTF-8 BOM" for a config saved by a Windows editor (the data
+    # reader already skips a BOM)
+    from paddlenlp_ext.trainer.arguments import parse_sft_args
+
+    path = tmp_path / "sft.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"output_dir": str(tmp_path / "out"), "max_steps": 3,
+                                                   "dataset_name_or_path": "data/sft"}).encode())
+    _, _, training_args = parse_sft_args([str(path)])
+    assert training_args.max_steps == 3
+
+
+def test_config_json_not_utf8_names_file_line_and_column(tmp_path):
+    # was: "error: 'utf-8' codec can't decode byte 0xe9 in position 24" with no file named
+    from paddlenlp_ext.trainer.arguments import parse_sft_args
+
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{\n "output_dir": "/tmp/caf\xe9"\n}\n')
+    with pytest.raises(ValueError, match=r"latin1\.json:2:\d+: not UTF-8 \(byte 0xe9\); save the config file as UTF-8"):
+        parse_sft_args([str(path)])
