@@ -43,7 +43,9 @@ def resolve_chat_template(chat_template: Optional[str]):
     if not os.path.isfile(path):
         raise ValueError(f"chat_template {chat_template!r}: no such file (give 'none', a Jinja file, or a dir "
                          f"holding chat_template.json)")
-    with open(path, encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark (Windows editors) would otherwise be rendered into every prompt, and would
+    # make a JSON file fail to parse and be taken for Jinja text
+    with open(path, encoding="utf-8-sig") as f:
         text = f.read()
     try:
         obj = json.loads(text)

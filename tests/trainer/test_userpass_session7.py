@@ -59,3 +59,16 @@ def test_config_json_not_utf8_names_file_line_and_column(tmp_path):
     path.write_bytes(b'{\n "output_dir": "/tmp/caf\xe9"\n}\n')
     with pytest.raises(ValueError, match=r"latin1\.json:2:\d+: not UTF-8 \(byte 0xe9\); save the config file as UTF-8"):
         parse_sft_args([str(path)])
+
+
+@pytest.mark.parametrize("kind", ["json", "jinja"])
+def test_chat_template_file_with_utf8_bom(tmp_path, kind):
+    # was: the BOM became part of the template (a U+FEFF character rendered before every conversation), and a
+    # tokenizer_config-style JSON file with a BOM failed json.loads and was taken whole as Jinja text
+    from paddlenlp_ext.datasets.builder import resolve_chat_template
+
+    jinja = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    text = json.dumps({"chat_template": jinja}) if kind == "json" else jinja
+    path = tmp_path / f"template.{kind}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert resolve_chat_template(str(path)) == jinja
