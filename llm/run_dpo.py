@@ -25,7 +25,7 @@ import torch
 from paddlenlp_ext.trainer import set_seed
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
                                          lora_plus_optimizer, output_dir_lock, require_model_path, resume_target,
-                                         run_cli, save_adapter, train_summary)
+                                         run_cli, save_adapter, train_summary, used_splits)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_dpo_args
 
@@ -87,7 +87,7 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
     if ref_model is not None and parallel_dims is not None:  # runs under no_grad: nothing to compile
         ref_model = parallelize_model(ref_model, parallel_dims, training_args, compile=False)
     # only the splits this run uses: an evaluation-only run needs no train file (the default path may not exist)
-    splits = [s for s, used in (("train", training_args.do_train), ("dev", training_args.do_eval)) if used]
+    splits = used_splits(training_args)
     train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="dpo", splits=splits)
     trainer = DPOTrainer(model, training_args, dpo_config=dpo_config, ref_model=ref_model, train_dataset=train_ds,
                          eval_dataset=dev_ds, data_collator=collator,

@@ -26,7 +26,7 @@ from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, s
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, is_distributed,
                                          keep_final_model, lora_plus_optimizer, output_dir_lock, require_model_path,
-                                         resume_target, run_cli, save_adapter, train_summary)
+                                         resume_target, run_cli, save_adapter, train_summary, used_splits)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -116,7 +116,10 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     from paddlenlp_ext.distributed import parallelize_model
 
     model = parallelize_model(model, parallel_dims, training_args)  # TP, compile (to_static), FSDP2: what applies
-    datasets = create_sft_datasets(data_args, tokenizer)
+    # only the splits this run uses: without do_eval or an evaluation_strategy the dev file is not read, so an empty
+    # or broken dev.json does not stop a training run, and no time goes into tokenising it
+    splits = used_splits(training_args)
+    datasets = create_sft_datasets(data_args, tokenizer, splits=splits)
     train_ds, dev_ds = datasets.get("train"), datasets.get("dev")
     if training_args.do_train and train_ds is None:
         raise ValueError(f"do_train=true but {data_args.dataset_name_or_path} has no train split "

@@ -23,7 +23,8 @@ import torch
 
 from paddlenlp_ext.trainer import set_seed
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
-                                         output_dir_lock, require_model_path, resume_target, run_cli, train_summary)
+                                         output_dir_lock, require_model_path, resume_target, run_cli, train_summary,
+                                         used_splits)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
@@ -62,7 +63,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
 
     model = parallelize_model(model, parallel_dims, training_args)  # TP, compile (to_static), FSDP2: what applies
     # only the splits this run uses: an evaluation-only run needs no train file (the default path may not exist)
-    splits = [s for s, used in (("train", training_args.do_train), ("dev", training_args.do_eval)) if used]
+    splits = used_splits(training_args)
     train_ds, dev_ds, collator = build_preference_data(data_args, tokenizer, layout="rm", splits=splits)
     trainer = RewardTrainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                             data_collator=collator, tokenizer=tokenizer,

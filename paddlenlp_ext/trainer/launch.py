@@ -358,6 +358,15 @@ def keep_final_model(result: dict, output_dir: str, lora: bool = False) -> bool:
     return bool(found)
 
 
+def used_splits(training_args) -> list[str]:
+    """The data splits a launch reads: ``train`` with ``do_train``; ``dev`` with ``do_eval``, or when training
+    evaluates on the way (``evaluation_strategy`` steps/epoch: Hugging Face and PaddleNLP evaluate then whatever
+    ``do_eval`` says). A split not listed is never read, so a broken or empty file there stops nothing."""
+    strategy = str(getattr(training_args, "evaluation_strategy", "no")).split(".")[-1].lower()
+    evaluates = training_args.do_eval or (training_args.do_train and strategy not in ("no", "none", ""))
+    return [s for s, used in (("train", training_args.do_train), ("dev", evaluates)) if used]
+
+
 def train_summary(result: dict) -> dict:
     """The summary fields of ``Trainer.train``'s result (loss and tokens/s are None when nothing trained)."""
     return dict(global_step=result["global_step"], train_loss=result["train_loss"],

@@ -72,3 +72,51 @@ def test_chat_template_file_with_utf8_bom(tmp_path, kind):
     path = tmp_path / f"template.{kind}"
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     assert resolve_chat_template(str(path)) == jinja
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory, make_tiny_sft_job):
+    return make_tiny_sft_job(tmp_path_factory.mktemp("userpass7"), n_train=4, n_dev=2)
+
+
+def _sft_argv(root, data, out, **kw):
+    cfg = {"model_name_or_path": str(root / "model"), "dataset_name_or_path": str(data), "output_dir": str(out),
+           "per_device_train_batch_size": 1, "max_steps": 1, "max_length": 64, "src_length": 32,
+           "flash_mask": True, "do_train": True, "do_eval": False, "disable_tqdm": True, "report_to": [],
+           "chat_after_train": False, **kw}
+    path = out.parent / f"{out.name}.json"
+    path.write_text(json.dumps(cfg))
+    return [str(path)]
+
+
+def test_sft_do_eval_false_ignores_an_empty_dev_file(tiny_job):
+    # was: "dev.json: empty file" stopped a run that never evaluates (the dev split was read and tokenised even
+    # with do_eval false; run_dpo.py / run_reward.py already read only the splits they use)
+    from trainer_fixtures import load_run_finetune
+
+    data = tiny_job / "data_empty_dev"
+    data.mkdir()
+    (data / "train.json").write_text((tiny_job / "data" / "train.json").read_text())
+    (data / "dev.json").write_text("")
+    out = tiny_job / "out_empty_dev"
+    summary = load_run_finetune().main(_sft_argv(tiny_job, data, out))
+    assert summary["global_step"] == 1 and "dev_loss_after" not in summary
+    # with do_eval the empty dev file is still an error naming it
+    with pytest.raises(ValueError, match=r"dev\.json: empty file"):
+        load_run_finetune().main(_sft_argv(tiny_job, data, tiny_job / "out_empty_dev2", do_eval=True))
+    # evaluation_strategy "steps" evaluates during training whatever do_eval says (HF / PaddleNLP), so it reads dev
+    with pytest.raises(ValueError, match=r"dev\.json: empty file"):
+        load_run_finetune().main(_sft_argv(tiny_job, data, tiny_job / "out_empty_dev3", evaluation_strategy="steps",
+                                           eval_steps=1))
+
+
+def test_used_splits_follow_do_eval_and_evaluation_strategy(make_args):
+    # run_dpo.py / run_reward.py read dev only with do_eval, so evaluation_strategy "steps" with do_eval false
+    # silently never evaluated (Hugging Face and PaddleNLP evaluate on the way whatever do_eval says)
+    from paddlenlp_ext.trainer.launch import used_splits
+
+    assert used_splits(make_args(do_train=True, do_eval=False)) == ["train"]
+    assert used_splits(make_args(do_train=True, do_eval=False, evaluation_strategy="steps", eval_steps=2)) == \
+        ["train", "dev"]
+    assert used_splits(make_args(do_train=False, do_eval=True)) == ["dev"]
+    assert used_splits(make_args(do_train=True, do_eval=True)) == ["train", "dev"]
