@@ -45,6 +45,19 @@ _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
 _NONE = {"none", "null"}
 
+_SFT, _DPO, _PREF = "llm/run_finetune.py (SFT/LoRA)", "llm/run_dpo.py (DPO)", "llm/run_dpo.py or llm/run_reward.py"
+#: keys that only another launcher takes: an unknown key found here names that launcher (a config given to the
+#: wrong launcher, e.g. run_finetune.py config/smollm2/dpo.json, otherwise gets look-alike suggestions only)
+OTHER_LAUNCHER_KEYS = {
+    **dict.fromkeys(("dataset_name_or_path", "src_length", "max_length", "zero_padding", "merge_weights"), _SFT),
+    **dict.fromkeys(("beta", "loss_type", "label_smoothing", "simpo_gamma", "dpop_lambda", "pref_loss_ratio",
+                     "sft_loss_ratio", "reference_free", "ref_model_update_steps", "precompute_reference_logps"),
+                    _DPO),
+    **dict.fromkeys(("train_dataset_path", "dev_dataset_path", "max_seq_len", "max_prompt_len"), _PREF),
+    **dict.fromkeys(("lora", "lora_rank", "lora_alpha", "rslora", "lora_path", "lora_target_modules",
+                     "lora_plus_scale"), "llm/run_finetune.py or llm/run_dpo.py (the reward model has no LoRA)"),
+}
+
 
 def inert(reason: str, **metadata) -> Dict[str, Any]:
     """Field metadata marking a key as accepted-but-not-acted-on, with the ``reason`` shown in the warning."""
@@ -331,6 +344,8 @@ class PdArgumentParser:
         return sorted({k for fields in self._fields for k in fields})
 
     def _suggest(self, key: str) -> str:
+        if key in OTHER_LAUNCHER_KEYS:
+            return f": it is a key of {OTHER_LAUNCHER_KEYS[key]}; use that launcher, or remove the key"
         close = difflib.get_close_matches(key, self.valid_keys, n=3, cutoff=0.6)
         if not close:  # no close spelling: keys that contain it or that it contains (e.g. "lora" in "lora_rank")
             close = [k for k in self.valid_keys if key in k or k in key][:3]

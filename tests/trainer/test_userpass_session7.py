@@ -4,11 +4,16 @@ CPU only, no model weights (the SmolLM2 tokenizer files at most).
 """
 
 import json
+import os
 
 import pytest
 
 from paddlenlp_ext.datasets.jsonl import iter_jsonl
 from paddlenlp_ext.datasets.preference import read_preference_jsonl
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOLLM2 = os.path.join(ROOT, "config", "smollm2")
 
 
 def _write(path, lines):
@@ -120,3 +125,20 @@ def test_used_splits_follow_do_eval_and_evaluation_strategy(make_args):
         ["train", "dev"]
     assert used_splits(make_args(do_train=False, do_eval=True)) == ["dev"]
     assert used_splits(make_args(do_train=True, do_eval=True)) == ["train", "dev"]
+
+
+def test_config_of_another_launcher_names_that_launcher():
+    # was: "unknown key 'beta'; did you mean 'adam_beta1', 'adam_beta2'?" and "unknown key 'dataset_name_or_path';
+    # did you mean 'model_name_or_path', ...": look-alike suggestions, never that the config is for another launcher
+    from paddlenlp_ext.trl.arguments import parse_dpo_args, parse_rm_args
+
+    with pytest.raises(ValueError) as e:
+        parse_rm_args([os.path.join(SMOLLM2, "dpo.json")])
+    assert "unknown key 'beta': it is a key of llm/run_dpo.py (DPO); use that launcher" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        parse_dpo_args([os.path.join(SMOLLM2, "lora.json")])
+    assert "unknown key 'dataset_name_or_path': it is a key of llm/run_finetune.py (SFT/LoRA)" in str(e.value)
+    with pytest.raises(ValueError, match="the reward model has no LoRA"):
+        parse_rm_args([os.path.join(SMOLLM2, "rm.json"), "--lora", "true"])
+    with pytest.raises(ValueError, match=r"unknown key 'max_stepz'; did you mean 'max_steps'"):  # typos unchanged
+        parse_rm_args([os.path.join(SMOLLM2, "rm.json"), "--max_stepz", "3"])
