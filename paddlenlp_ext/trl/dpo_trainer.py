@@ -170,6 +170,22 @@ class DPOTrainer(Trainer):
         loss_sum, metrics = self.criterion(policy, reference)
         return loss_sum, batch["response_indexs"].shape[0], metrics
 
+    def _load_checkpoint(self, path) -> None:
+        """Resume, then restore the reference of ``ref_model_update_steps``: training set it to the policy of the
+        last step ``k * N <= global_step``; only the policy is checkpointed, so that policy is the checkpoint's when
+        ``global_step % N == 0`` (else the nearest saved one is used, with a warning). Without this a resumed
+        run compared against the initial model again."""
+        super()._load_checkpoint(path)
+        n = int(getattr(self.dpo_config, "ref_model_update_steps", -1))
+        step = self.state.global_step
+        if n > 0 and self.ref_model is not None and step >= n:
+            if step % n:
+                logger.warning("resumed at step %d, not a multiple of ref_model_update_steps=%d: the reference "
+                               "should be the policy of step %d, which no checkpoint holds; using step %d's policy "
+                               "instead (set save_steps to a multiple of ref_model_update_steps for an exact "
+                               "resume)", step, n, step - step % n, step)
+            self.ref_model.load_state_dict(self.model.state_dict())
+
     def training_step(self, micro_batches):
         out = super().training_step(micro_batches)
         n = int(getattr(self.dpo_config, "ref_model_update_steps", -1))

@@ -142,3 +142,41 @@ def test_config_of_another_launcher_names_that_launcher():
         parse_rm_args([os.path.join(SMOLLM2, "rm.json"), "--lora", "true"])
     with pytest.raises(ValueError, match=r"unknown key 'max_stepz'; did you mean 'max_steps'"):  # typos unchanged
         parse_rm_args([os.path.join(SMOLLM2, "rm.json"), "--max_stepz", "3"])
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs(tmp_path_factory):
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    d = tmp_path_factory.mktemp("userpass7_dpo")
+    return make_tiny_model_dir(str(d / "model")), write_pairs(str(d / "train.jsonl"), 16)
+
+
+def _dpo_argv(tiny_pairs, out, steps, save, *extra):
+    model, train = tiny_pairs
+    return ["--model_name_or_path", model, "--train_dataset_path", train, "--output_dir", str(out),
+            "--max_seq_len", "64", "--max_prompt_len", "24", "--per_device_train_batch_size", "1",
+            "--max_steps", str(steps), "--logging_steps", "1", "--do_train", "true", "--do_eval", "false",
+            "--save_strategy", save, "--save_steps", "2", "--seed", "0", "--report_to", "none",
+            "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--warmup_ratio", "0", *extra]
+
+
+def test_dpo_resume_restores_the_updated_reference_model(tiny_pairs, tmp_path):
+    # ref_model_update_steps=2: the reference is the policy of step 2 during steps 3-4. A run resumed from
+    # checkpoint-2 rebuilt the reference from the base model, so it trained steps 3-4 against another
+    # reference than the uninterrupted run (silently different weights).
+    import sys
+
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, os.path.join(ROOT, "llm"))
+    import run_dpo
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_dpo.main(_dpo_argv(tiny_pairs, straight, 4, "no", "--ref_model_update_steps", "2"))
+    run_dpo.main(_dpo_argv(tiny_pairs, resumed, 2, "steps", "--ref_model_update_steps", "2"))
+    run_dpo.main(_dpo_argv(tiny_pairs, resumed, 4, "steps", "--ref_model_update_steps", "2"))
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-6, worst
