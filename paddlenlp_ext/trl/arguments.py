@@ -141,6 +141,7 @@ def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
     6. ``precompute_reference_logps`` with ``lazy``, ``reference_free`` or ``ref_model_update_steps > 0``:
        ValueError (the reference would change or cannot be stored).
     7. benchmark / autotuner_benchmark coercions.
+    8. ``ref_model_update_steps > 0`` with ``lora`` or ``reference_free`` (no reference model to update): warned.
     """
     msgs: List[str] = []
 
@@ -173,6 +174,11 @@ def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
         if c.reference_free or c.ref_model_update_steps > 0:
             raise ValueError("precompute_reference_logps cannot be combined with reference_free or "
                              "ref_model_update_steps > 0")
+    if c.ref_model_update_steps > 0 and (c.lora or c.reference_free):
+        # no reference model to update: PaddleNLP ignores the key silently in both cases
+        warn(f"ref_model_update_steps={c.ref_model_update_steps} has no effect with "
+             f"{'lora=true (the reference is the policy with its adapters disabled)' if c.lora else 'reference_free'}"
+             "; remove it, or train without that setting to update a reference model")
     if not (m.flash_mask and m.use_flash_attention):
         warn("flash_mask/use_flash_attention false: ignored, the share-question mask always goes through "
              "flashmask_attention (PaddleNLP would use a dense mask)")

@@ -180,3 +180,21 @@ def test_dpo_resume_restores_the_updated_reference_model(tiny_pairs, tmp_path):
     assert a.keys() == b.keys()
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst < 1e-6, worst
+
+
+@pytest.mark.parametrize("extra, why", [(["--lora", "true"], "lora=true"),
+                                        (["--loss_type", "simpo"], "reference_free")])
+def test_ref_model_update_steps_without_a_reference_model_warns(extra, why):
+    # was: accepted silently; with LoRA (reference = adapters disabled) or reference_free nothing is ever updated
+    from paddlenlp_ext.trainer.argparser import PdArgumentParser
+    from paddlenlp_ext.trl.arguments import (DPOConfig, DPODataArgument, DPOModelArgument, DPOTrainingArguments,
+                                             finalize_dpo_args)
+
+    def warnings(*extra_argv):
+        argv = [os.path.join(SMOLLM2, "dpo.json"), "--ref_model_update_steps", "4", *extra_argv]
+        parsed = PdArgumentParser((DPOModelArgument, DPODataArgument, DPOTrainingArguments, DPOConfig)).parse(argv)
+        return [m for m in finalize_dpo_args(*parsed) if "ref_model_update_steps" in m]
+
+    msgs = warnings(*extra)
+    assert len(msgs) == 1 and f"ref_model_update_steps=4 has no effect with {why}" in msgs[0], msgs
+    assert warnings() == []  # a reference model exists: it is updated, nothing to warn about
