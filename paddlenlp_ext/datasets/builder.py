@@ -26,6 +26,7 @@ def resolve_chat_template(chat_template: Optional[str]):
     """``DataArgument.chat_template`` -> the argument of :func:`~paddlenlp_ext.datasets.sft.tokenize_sft_example`.
 
     None -> ``"auto"`` (the tokenizer's own template); ``"none"`` -> None (no template); a directory ->
+    ``<dir>/chat_template.jinja`` (as transformers saves it, e.g. a trained output_dir), else
     ``<dir>/chat_template.json``; a file -> its Jinja text, or its ``"chat_template"`` string if it is a JSON
     object (Hugging Face ``tokenizer_config.json`` style).
 
@@ -39,10 +40,16 @@ def resolve_chat_template(chat_template: Optional[str]):
         return None
     path = chat_template
     if os.path.isdir(path):
-        path = os.path.join(path, "chat_template.json")
+        # chat_template.jinja: what transformers 5 (hence every output_dir of ours) saves; .json: PaddleNLP's name
+        found = [os.path.join(path, n) for n in ("chat_template.jinja", "chat_template.json")
+                 if os.path.isfile(os.path.join(path, n))]
+        if not found:
+            raise ValueError(f"chat_template {chat_template!r}: the directory holds neither chat_template.jinja nor "
+                             "chat_template.json (give 'none', a Jinja file, or a dir holding one of them)")
+        path = found[0]
     if not os.path.isfile(path):
         raise ValueError(f"chat_template {chat_template!r}: no such file (give 'none', a Jinja file, or a dir "
-                         f"holding chat_template.json)")
+                         f"holding chat_template.jinja or chat_template.json)")
     # utf-8-sig: a byte-order mark (Windows editors) would otherwise be rendered into every prompt, and would
     # make a JSON file fail to parse and be taken for Jinja text
     with open(path, encoding="utf-8-sig") as f:

@@ -428,7 +428,8 @@ class DataArgument:
     save_generation_output: bool = field(default=False, metadata=inert("no generation during eval", help="."))
     lazy: bool = field(default=False, metadata=_help("Stream and pack on the fly (IterableDataset); needs max_steps."))
     chat_template: Optional[str] = field(default=None, metadata=_help(
-        "None = the tokenizer's template; 'none' = no template; a dir (<dir>/chat_template.json) or a file."))
+        "None = the tokenizer's template; 'none' = no template; a dir (<dir>/chat_template.jinja or "
+        "chat_template.json) or a file."))
     pad_to_max_length: bool = field(default=False, metadata=_help("Unpacked batches: always pad to max_length."))
     autoregressive: bool = field(default=False, metadata=inert("pretraining-style labels are not implemented",
                                                                help="Label every token."))

@@ -198,3 +198,19 @@ def test_ref_model_update_steps_without_a_reference_model_warns(extra, why):
     msgs = warnings(*extra)
     assert len(msgs) == 1 and f"ref_model_update_steps=4 has no effect with {why}" in msgs[0], msgs
     assert warnings() == []  # a reference model exists: it is updated, nothing to warn about
+
+
+def test_chat_template_dir_of_a_trained_output_dir(tmp_path):
+    # every output_dir holds chat_template.jinja (transformers 5); chat_template: <that dir> looked only for
+    # chat_template.json and failed with "no such file"
+    from paddlenlp_ext.datasets.builder import resolve_chat_template
+
+    jinja = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(jinja)
+    assert resolve_chat_template(str(tmp_path)) == jinja
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="neither chat_template.jinja nor chat_template.json"):
+        resolve_chat_template(str(empty))
+    (empty / "chat_template.json").write_text(json.dumps({"chat_template": jinja}))  # PaddleNLP's name still read
+    assert resolve_chat_template(str(empty)) == jinja
