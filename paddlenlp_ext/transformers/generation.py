@@ -16,10 +16,11 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     if top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if 0.0 < top_p < 1.0:
+    if top_p < 1.0:
         sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop[:, 0] = False  # the most likely token always stays: top_p = 0 is greedy (HF's min_tokens_to_keep=1)
         logits = logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
     return logits
 
@@ -50,6 +51,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 64, *, do_sam
         raise ValueError(f"input_ids must be [batch, seq], got {list(input_ids.shape)}")
     if do_sample and temperature <= 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    if do_sample and not (0.0 <= top_p <= 1.0 and top_k >= 0):
+        # was: top_p outside (0, 1) and top_k < 0 silently meant "no filter" (top_p=0 sampled the full distribution)
+        raise ValueError(f"sampling needs 0 <= top_p <= 1 (1 = no nucleus filter, 0 = the top token only) and "
+                         f"top_k >= 0 (0 = no top-k filter); got top_p={top_p}, top_k={top_k}")
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
     eos_t = torch.tensor(eos, dtype=torch.long, device=input_ids.device)

@@ -214,3 +214,28 @@ def test_chat_template_dir_of_a_trained_output_dir(tmp_path):
         resolve_chat_template(str(empty))
     (empty / "chat_template.json").write_text(json.dumps({"chat_template": jinja}))  # PaddleNLP's name still read
     assert resolve_chat_template(str(empty)) == jinja
+
+
+def test_top_p_zero_keeps_only_the_top_token_and_bad_sampling_values_raise():
+    # was: top_p=0 (the usual "near greedy") skipped the nucleus filter and sampled the whole distribution;
+    # top_p > 1 and top_k < 0 were accepted as "no filter" (llm/predict.py --top_p 0 / 1.5 / --top_k -2)
+    import torch
+
+    from paddlenlp_ext.transformers.generation import _filter_logits, generate
+
+    logits = torch.tensor([[0.5, 3.0, 1.0, -2.0]])
+    kept = torch.isfinite(_filter_logits(logits, 0, 0.0))[0]
+    assert kept.tolist() == [False, True, False, False]
+    assert torch.isfinite(_filter_logits(logits, 0, 1.0)).all()  # 1 = no filter
+
+    class Uniformish(torch.nn.Module):
+        def forward(self, ids):  # [B, L] -> logits [B, L, 4]: token 1 most likely, all others possible
+            return logits.expand(ids.shape[0], ids.shape[1], 4)
+
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    out = generate(Uniformish(), ids, 32, do_sample=True, top_p=0.0, use_cache=False, generator=g)
+    assert out[0, 1:].tolist() == [1] * 32
+    for kw in ({"top_p": 1.5}, {"top_p": -0.1}, {"top_k": -2}):
+        with pytest.raises(ValueError, match="0 <= top_p <= 1"):
+            generate(Uniformish(), ids, 2, do_sample=True, use_cache=False, **kw)
