@@ -22,6 +22,10 @@ def default_cache_dir() -> str:
     return os.path.join(home, "SmolLM2-135M-Instruct")
 
 
+class CheckpointNotModelError(ValueError):
+    """A ``checkpoint-<step>`` training directory was given where a model directory is needed."""
+
+
 def resolve_model_name_or_path(name_or_path: str) -> str:
     """Map a ``model_name_or_path`` to a local HF directory.
 
@@ -30,10 +34,19 @@ def resolve_model_name_or_path(name_or_path: str) -> str:
       :func:`default_cache_dir`, converted from the GGUF on first use (about 10 s).
 
     Raises:
-        ValueError: any other name (no hub downloads exist here; the message says what to pass instead).
+        ValueError: any other name (no hub downloads exist here; the message says what to pass instead), or a
+            training checkpoint directory (``trainer_state.json``, no ``config.json``).
     """
     name = os.fspath(name_or_path)
     if os.path.isdir(name):
+        # a checkpoint-<step> directory holds torch.distributed.checkpoint shards (trainer_state.json, distcp/):
+        # without this it failed later on "no tokenizer files" / "no config.json", pointing at the wrong fix
+        if os.path.isfile(os.path.join(name, "trainer_state.json")) and \
+                not os.path.isfile(os.path.join(name, "config.json")):
+            raise CheckpointNotModelError(
+                f"model_name_or_path {name!r} is a training checkpoint (torch.distributed.checkpoint shards), not a "
+                "model directory: give the run's output_dir (its final model), or continue that run with "
+                "resume_from_checkpoint")
         return name
     if name.lower() in (n.lower() for n in SMOLLM2_NAMES):
         from .gguf_import import convert_smollm2
@@ -134,6 +147,8 @@ class AutoTokenizer:
             name_or_path = SMOLLM2_NAMES[0]
         try:
             path = resolve_model_name_or_path(name_or_path)
+        except CheckpointNotModelError:
+            raise
         except ValueError:
             raise ValueError(f"tokenizer {name_or_path!r} (tokenizer_name_or_path, else model_name_or_path) is neither "
                              f"a local directory nor the embedded default model {SMOLLM2_NAMES[0]!r}; point it at a "

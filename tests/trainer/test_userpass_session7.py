@@ -239,3 +239,16 @@ def test_top_p_zero_keeps_only_the_top_token_and_bad_sampling_values_raise():
     for kw in ({"top_p": 1.5}, {"top_p": -0.1}, {"top_k": -2}):
         with pytest.raises(ValueError, match="0 <= top_p <= 1"):
             generate(Uniformish(), ids, 2, do_sample=True, use_cache=False, **kw)
+
+
+def test_checkpoint_dir_as_model_name_or_path_says_so(tmp_path):
+    # was (run_dpo.py / run_reward.py / run_finetune.py --model_name_or_path <out>/checkpoint-N):
+    # "no tokenizer files ...; set tokenizer_name_or_path", then "no config.json": the wrong fix
+    from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
+
+    ckpt = tmp_path / "checkpoint-3"
+    (ckpt / "distcp").mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    for load in (resolve_model_name_or_path, AutoTokenizer.from_pretrained):
+        with pytest.raises(ValueError, match=r"checkpoint-3' is a training checkpoint .* give the run's output_dir"):
+            load(str(ckpt))
