@@ -132,7 +132,7 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
                 raise ValueError(f"the {split} split of {data_args.dataset_name_or_path} has no example left after "
                                  f"tokenisation: none fits max_length={data_args.max_length} "
                                  f"(src_length={data_args.src_length}; see the 'dropped' warning above). Raise "
-                                 f"max_length / src_length or shorten the examples")
+                                 f"max_length (and, with chat_template none, src_length) or shorten the examples")
     trainer = Trainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                       data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
                       parallel_dims=parallel_dims)

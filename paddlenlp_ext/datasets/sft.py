@@ -186,7 +186,8 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
             ``apply_chat_template`` and a fast tokenizer's ``return_offsets_mapping``).
         src_length: max tokens of a user part (special tokens count). Without a template it caps every
             turn's ``<bos> src_i`` (PaddleNLP right-truncates the source, keeping BOS and the head); with a
-            template it applies only when the last turn alone overflows.
+            template it is not used (a newest turn that does not fit whole drops the example instead of being
+            cut), so only ``max_length`` decides what fits.
         max_length: max tokens of the example before the shift (so ``len(input_ids) <= max_length - 1``).
         chat_template: ``"auto"`` (the tokenizer's template if it has one), None (no template), or a Jinja
             string.
