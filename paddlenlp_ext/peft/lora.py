@@ -481,12 +481,24 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
     The fold is computed in fp32 and rounded once to the base dtype. Afterwards ``model.state_dict()`` has the
     base model's names and shapes (ready for ``save_pretrained``). Parameters are left frozen. In place; returns
-    ``model``.
+    ``model``. An adapted ``lm_head`` tied to the input embedding is untied (``config.tie_word_embeddings`` set
+    false), since the merged head no longer equals the embedding.
     """
+    # an adapted lm_head whose weight is the (tied) input embedding: after the fold the two differ, so the model
+    # must be saved untied, or save_pretrained drops lm_head.weight and a reload ties the unmerged embedding back
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    untied = [name for name, mod in _lora_modules(model) if id(mod.weight) in embeddings]
     for name, mod in list(_lora_modules(model)):
         _set_submodule(model, name, mod.to_linear())
     if hasattr(model, "lora_config"):
         del model.lora_config
+    cfg = getattr(model, "config", None)
+    if untied and cfg is not None and getattr(cfg, "tie_word_embeddings", False):
+        cfg.tie_word_embeddings = False
+        if hasattr(cfg, "weight_share"):  # ERNIE-3.5-SE derives tie_word_embeddings from it
+            cfg.weight_share = False
+        logger.warning("merge_lora: %s was adapted and shared its weight with the input embedding; the merged model "
+                       "is saved with tie_word_embeddings=false (a separate lm_head.weight)", ", ".join(untied))
     return model
 
 

@@ -252,3 +252,31 @@ def test_checkpoint_dir_as_model_name_or_path_says_so(tmp_path):
     for load in (resolve_model_name_or_path, AutoTokenizer.from_pretrained):
         with pytest.raises(ValueError, match=r"checkpoint-3' is a training checkpoint .* give the run's output_dir"):
             load(str(ckpt))
+
+
+def test_merged_lora_on_a_tied_lm_head_reloads_equal(tmp_path):
+    # was: lora_target_modules with lm_head on a tied model (SmolLM2 ties them): the merged model was saved with
+    # tie_word_embeddings=true and no lm_head.weight, so merged/ (merge_weights) and merge_lora_params.py output
+    # reloaded with the unmerged embedding as head: logits off by ~1.8 on a tiny model, silently
+    import torch
+
+    from paddlenlp_ext.peft import apply_lora, merge_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = apply_lora(LlamaForCausalLM(cfg), {"lora_rank": 2, "lora_target_modules": ["lm_head", "q_proj"]}).eval()
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        want = model(ids)
+        merge_lora(model)
+        assert torch.allclose(model(ids), want, atol=1e-5)
+    model.save_pretrained(str(tmp_path / "merged"))
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["tie_word_embeddings"] is False
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()(ids)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
