@@ -179,6 +179,7 @@ class LoRALinear(nn.Linear):
         self.reset_lora_parameters()
         self.merged = False
         self.disabled = False
+        self.shares_weight = False  # set by apply_lora when the weight is also the (tied) input embedding
         self._unmerged_weight: torch.Tensor | None = None
 
     def reset_lora_parameters(self) -> None:
@@ -198,8 +199,10 @@ class LoRALinear(nn.Linear):
 
     @torch.no_grad()
     def merge(self) -> None:
-        """Fold the adapter into ``weight`` (the unmerged tensor is kept so :meth:`unmerge` is exact)."""
-        if self.merged:
+        """Fold the adapter into ``weight`` (the unmerged tensor is kept so :meth:`unmerge` is exact). A weight shared
+        with the input embedding (tied ``lm_head``) is left unmerged: folding it in place would change the embedding
+        too; the forward then adds the adapter path, which gives the same output."""
+        if self.merged or self.shares_weight:
             return
         self._unmerged_weight = self.weight.data
         self.weight.data = self.merged_weight()
@@ -308,8 +311,11 @@ def _wrap(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
         names = sorted({n.rsplit(".", 1)[-1] for n, _ in linears})
         raise ValueError(f"apply_lora: no nn.Linear module matches target_modules={list(cfg.target_modules)}; "
                          f"linear layer names in this model: {names}")
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for name, lin in targets:
-        _set_submodule(model, name, LoRALinear(lin, cfg))
+        lora = LoRALinear(lin, cfg)
+        lora.shares_weight = id(lin.weight) in embeddings  # a tied lm_head: merge() must not fold in place
+        _set_submodule(model, name, lora)
     mark_only_lora_as_trainable(model)
     model.lora_config = cfg  # read by save_lora
     return model

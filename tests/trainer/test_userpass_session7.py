@@ -280,3 +280,29 @@ def test_merged_lora_on_a_tied_lm_head_reloads_equal(tmp_path):
     with torch.no_grad():
         got = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()(ids)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_merge_on_eval_leaves_a_tied_lm_head_embedding_alone():
+    # was: LoRAConfig(merge_on_eval=True) (load_lora(..., merge_on_eval=True)) folded the lm_head adapter into the
+    # weight in place on eval(); tied to embed_tokens, the input embedding changed too (logits off by ~10)
+    import torch
+
+    from paddlenlp_ext.peft import apply_lora
+    from paddlenlp_ext.peft.lora import LoRAConfig
+    from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = apply_lora(LlamaForCausalLM(cfg), LoRAConfig(r=2, target_modules=["lm_head", "q_proj"], merge_on_eval=True))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    emb = model.model.embed_tokens.weight.detach().clone()
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        want = model.train()(ids)
+        got = model.eval()(ids)  # merges q_proj in place; lm_head stays unmerged
+    assert torch.equal(model.model.embed_tokens.weight, emb)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert model.model.layers[0].self_attn.q_proj.merged and not model.lm_head.merged
