@@ -57,7 +57,10 @@ def _run(start, model_args, data_args, training_args) -> dict:
     require_model_path(model_args)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
     set_chat_template(tokenizer, data_args.chat_template)  # 'none' also clears the saved template
-    path = resolve_model_name_or_path(model_args.model_name_or_path)
+    from paddlenlp_ext.transformers.ernie35 import is_preset
+
+    name = model_args.model_name_or_path  # an ERNIE preset name builds a random trunk (as run_finetune/run_dpo)
+    path = name if is_preset(name) else resolve_model_name_or_path(name)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
     from paddlenlp_ext.distributed import parallelize_model
 

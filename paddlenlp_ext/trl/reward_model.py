@@ -76,7 +76,8 @@ class LlamaForScore(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_dir: str, dtype=torch.float32, **config_overrides) -> "LlamaForScore":
-        """Load the trunk from a causal-LM or reward-model HF directory (``lm_head`` ignored).
+        """Load the trunk from a causal-LM or reward-model HF directory (``lm_head`` ignored), or build a random one
+        from an ERNIE-3.5-SE preset name (``ernie/tiny-random-ernie``: no such weights exist).
 
         ``score.weight`` is loaded when present, else initialised ``N(0, initializer_range)`` (HF's init).
 
@@ -84,12 +85,18 @@ class LlamaForScore(nn.Module):
             ValueError: trunk weights missing or mismatched (names listed).
         """
         dtype = to_torch_dtype(dtype)
-        cfg_dict = read_config_dict(model_dir)
-        config_cls, _ = _trunk_classes(cfg_dict.get("model_type"))
-        cfg_dict = {k: v for k, v in cfg_dict.items() if k not in ("num_labels", "id2label", "label2id")}
-        cfg_dict.update(config_overrides)
-        config = config_cls.from_dict(cfg_dict)
-        sd = load_state_dict(model_dir, dtype)
+        from paddlenlp_ext.transformers.ernie35 import from_preset_or_pretrained, is_preset
+
+        if is_preset(model_dir):  # ERNIE-3.5-SE preset name: a random trunk, as the SFT and DPO launchers take it
+            lm = from_preset_or_pretrained(model_dir, dtype=dtype, **config_overrides)
+            config, sd = lm.config, {k: v for k, v in lm.state_dict().items() if k.startswith("model.")}
+        else:
+            cfg_dict = read_config_dict(model_dir)
+            config_cls, _ = _trunk_classes(cfg_dict.get("model_type"))
+            cfg_dict = {k: v for k, v in cfg_dict.items() if k not in ("num_labels", "id2label", "label2id")}
+            cfg_dict.update(config_overrides)
+            config = config_cls.from_dict(cfg_dict)
+            sd = load_state_dict(model_dir, dtype)
         with torch.device("meta"):
             model = cls(config)
         want = model.state_dict()

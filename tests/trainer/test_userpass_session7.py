@@ -306,3 +306,27 @@ def test_merge_on_eval_leaves_a_tied_lm_head_embedding_alone():
     assert torch.equal(model.model.embed_tokens.weight, emb)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert model.model.layers[0].self_attn.q_proj.merged and not model.lm_head.merged
+
+
+def test_reward_model_trains_on_an_ernie_preset(tiny_pairs, tmp_path):
+    # was: run_reward.py --model_name_or_path ernie/tiny-random-ernie stopped with "neither a local directory nor
+    # the embedded default model ... point model_name_or_path at a local Hugging Face Llama directory", while
+    # run_finetune.py / run_dpo.py take the preset and the README lists ERNIE for the RM
+    import sys
+
+    import torch
+
+    from paddlenlp_ext.trl.reward_model import LlamaForScore
+
+    sys.path.insert(0, os.path.join(ROOT, "llm"))
+    import run_reward
+
+    _, train = tiny_pairs
+    out = tmp_path / "rm"
+    summary = run_reward.main(["--model_name_or_path", "ernie/tiny-random-ernie", "--train_dataset_path", train,
+                               "--output_dir", str(out), "--max_seq_len", "64", "--max_prompt_len", "24",
+                               "--max_steps", "1", "--do_train", "true", "--do_eval", "false", "--report_to", "none"])
+    assert summary["global_step"] == 1
+    saved = LlamaForScore.from_pretrained(str(out))
+    assert saved.config.model_type == "ernie" and saved.score.weight.shape == (1, saved.config.hidden_size)
+    assert torch.isfinite(saved.score.weight).all()
