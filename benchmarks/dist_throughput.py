@@ -285,6 +285,9 @@ def main(argv=None) -> None:
     for n in names:
         if n not in LAYOUTS:
             raise ValueError(f"--layouts: unknown layout {n!r}; expected one of {list(LAYOUTS)}")
+    if not args.tiny and not torch.cuda.is_available():
+        raise SystemExit("dist_throughput needs CUDA GPUs for the 1B shapes (5 GB of fp32 weights per model); "
+                         "use --tiny for the CPU smoke test")
     cfg = dict(ERNIE_1B if args.model == "ernie" else LLAMA_1B)
     if args.tiny:
         cfg, args.pack_len = dict(ERNIE_TINY if args.model == "ernie" else TINY), min(args.pack_len, 256)
