@@ -57,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top_k", type=int, default=0)
     p.add_argument("--top_p", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (bf16/fp16 need a GPU)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (half precision is for GPUs: on the CPU it runs, slowly)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--num_threads", type=int, default=0,
                    help="CPU threads for torch (0: torch's default); 1 is much faster on a busy shared CPU")

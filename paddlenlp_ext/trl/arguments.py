@@ -78,6 +78,8 @@ class DPOConfig:
             errors.append(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         if self.logprob_chunk_size < 1:
             errors.append(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        if self.sft_loss_ratio < 0:
+            errors.append(f"sft_loss_ratio must be >= 0 (the weight of the chosen-response NLL), got {self.sft_loss_ratio}")
         if errors:
             raise ValueError("DPOConfig: " + "; ".join(errors))
 

@@ -330,3 +330,15 @@ def test_reward_model_trains_on_an_ernie_preset(tiny_pairs, tmp_path):
     saved = LlamaForScore.from_pretrained(str(out))
     assert saved.config.model_type == "ernie" and saved.score.weight.shape == (1, saved.config.hidden_size)
     assert torch.isfinite(saved.score.weight).all()
+
+
+def test_negative_weight_decay_and_sft_loss_ratio_are_refused():
+    """Both were accepted silently: a negative AdamW decay grows the weights, a negative SFT ratio rewards a worse
+    likelihood of the chosen answer. Each is now a ValueError naming the key."""
+    from paddlenlp_ext.trl.arguments import parse_dpo_args
+
+    with pytest.raises(ValueError, match=r"weight_decay must be >= 0.*-0\.1"):
+        parse_dpo_args(["--output_dir", "x", "--weight_decay", "-0.1"])
+    with pytest.raises(ValueError, match=r"sft_loss_ratio must be >= 0.*-1"):
+        parse_dpo_args(["--output_dir", "x", "--sft_loss_ratio", "-1"])
+    parse_dpo_args(["--output_dir", "x", "--weight_decay", "0.0", "--sft_loss_ratio", "0.5"])
