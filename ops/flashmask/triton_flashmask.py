@@ -411,12 +411,22 @@ def _mask_vectors(sri, causal: bool, seq_q: int, seq_k: int, device) -> MaskVect
 _NS = (__package__ or "flashmask").replace(".", "_")
 
 
+def _attention_fwd(q, k, v, sri, causal: bool, scale: float, deterministic: bool = False):
+    """Mask vectors (cached per index tensor), then the forward kernel: the body of both autograd paths."""
+    return _fwd(q, k, v, _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device), causal, scale)
+
+
+def _attention_bwd(do, q, k, v, o, lse, dlse, sri, causal: bool, scale: float, deterministic: bool):
+    """Mask vectors (cached per index tensor), then the backward kernels: the body of both autograd paths."""
+    mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
+    return _bwd(do, q, k, v, o, lse, dlse, mv, causal, scale, deterministic)
+
+
 @torch.library.custom_op(f"{_NS}::triton_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sri: torch.Tensor | None, causal: bool,
             scale: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [B,S_q,H_q,D], lse fp32 [B,H_q,S_q])``; ``deterministic`` is only read by the backward."""
-    mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
-    return _fwd(q, k, v, mv, causal, scale)
+    return _attention_fwd(q, k, v, sri, causal, scale, deterministic)
 
 
 @_fwd_op.register_fake
@@ -430,8 +440,7 @@ def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse: torch.Tensor, dlse: torch.Tensor | None, sri: torch.Tensor | None, causal: bool, scale: float,
             deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` shaped like ``q, k, v``."""
-    mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
-    return _bwd(do, q, k, v, o, lse, dlse, mv, causal, scale, deterministic)
+    return _attention_bwd(do, q, k, v, o, lse, dlse, sri, causal, scale, deterministic)
 
 
 @_bwd_op.register_fake
@@ -445,12 +454,16 @@ def _setup_context(ctx, inputs, output):
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
 
 
-def _backward(ctx, do, dlse):
+def _backward_with(bwd, ctx, do, dlse):
+    """The autograd backward of both paths: ``bwd`` is ``_bwd_op`` (custom op) or ``_attention_bwd`` (eager)."""
     q, k, v, o, lse, *sri = ctx.saved_tensors
     do = torch.zeros_like(o) if do is None else _last_dim_contiguous(do)
-    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, dlse, sri[0] if sri else None, ctx.causal, ctx.scale,
-                         ctx.deterministic)
+    dq, dk, dv = bwd(do, q, k, v, o, lse, dlse, sri[0] if sri else None, ctx.causal, ctx.scale, ctx.deterministic)
     return dq, dk, dv, None, None, None, None
+
+
+def _backward(ctx, do, dlse):
+    return _backward_with(_bwd_op, ctx, do, dlse)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -465,22 +478,16 @@ class _EagerFunction(torch.autograd.Function):
     gives ``dlse = None`` (no zeros tensor, no ``HAS_DLSE`` loads)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sri, causal, scale, deterministic):
+    def forward(ctx, *inputs):  # q, k, v, sri, causal, scale, deterministic (as _fwd_op)
         ctx.set_materialize_grads(False)
-        mv = _mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
-        o, lse = _fwd(q, k, v, mv, causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse, *([] if sri is None else [sri]))
-        ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-        return o, lse
+        output = _attention_fwd(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # as _bwd_op (no autograd formula): a double backward raises
     def backward(ctx, do, dlse):
-        q, k, v, o, lse, *sri = ctx.saved_tensors
-        do = torch.zeros_like(o) if do is None else _last_dim_contiguous(do)
-        mv = _mask_vectors(sri[0] if sri else None, ctx.causal, q.shape[1], k.shape[1], q.device)
-        dq, dk, dv = _bwd(do, q, k, v, o, lse, dlse, mv, ctx.causal, ctx.scale, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None
+        return _backward_with(_attention_bwd, ctx, do, dlse)
 
 
 def _use_custom_op(*tensors) -> bool:
