@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from paddlenlp_ext.trainer.launch import LOCK_NAME, OutputDirLock, output_dir_lock
-from trainer_fixtures import load_run_finetune
+from trainer_fixtures import load_run_finetune, write_sft_config
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fcntl.flock is POSIX")
 
@@ -26,15 +26,13 @@ def tiny_job(tmp_path_factory, make_tiny_sft_job):
     return make_tiny_sft_job(tmp_path_factory.mktemp("lock"), n_train=4, n_dev=2)
 
 
+_SETTINGS = {"per_device_train_batch_size": 1, "max_steps": 1, "max_length": 64, "src_length": 32,
+             "flash_mask": True, "do_train": True, "do_eval": False, "disable_tqdm": True,
+             "save_strategy": "steps", "save_steps": 1, "chat_after_train": False, "report_to": []}
+
+
 def _argv(root, out, **over):
-    cfg = {"model_name_or_path": str(root / "model"), "dataset_name_or_path": str(root / "data"),
-           "output_dir": str(out), "per_device_train_batch_size": 1, "max_steps": 1, "max_length": 64,
-           "src_length": 32, "flash_mask": True, "do_train": True, "do_eval": False, "disable_tqdm": True,
-           "save_strategy": "steps", "save_steps": 1, "chat_after_train": False, "report_to": []}
-    cfg.update(over)
-    path = out.parent / f"{out.name}.json"
-    path.write_text(json.dumps(cfg))
-    return [str(path)]
+    return write_sft_config(root, out, _SETTINGS, **over)
 
 
 @pytest.fixture

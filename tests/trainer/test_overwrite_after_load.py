@@ -2,11 +2,9 @@
 a mistake found while loading (here a chat_template path typo, or a data split with nothing that fits) leaves
 the previous model in place (it used to be deleted first, then the run failed)."""
 
-import json
-
 import pytest
 
-from trainer_fixtures import load_run_finetune
+from trainer_fixtures import load_run_finetune, write_sft_config
 
 
 def _launcher():
@@ -18,15 +16,13 @@ def tiny_job(tmp_path_factory, make_tiny_sft_job):
     return make_tiny_sft_job(tmp_path_factory.mktemp("overwrite"), n_train=4, n_dev=2)
 
 
+_SETTINGS = {"per_device_train_batch_size": 1, "max_steps": 1, "max_length": 64, "src_length": 32,
+             "flash_mask": True, "do_train": True, "do_eval": False, "disable_tqdm": True, "save_strategy": "no",
+             "chat_after_train": False}
+
+
 def _argv(root, out, **over):
-    cfg = {"model_name_or_path": str(root / "model"), "dataset_name_or_path": str(root / "data"),
-           "output_dir": str(out), "per_device_train_batch_size": 1, "max_steps": 1, "max_length": 64,
-           "src_length": 32, "flash_mask": True, "do_train": True, "do_eval": False, "disable_tqdm": True,
-           "save_strategy": "no", "chat_after_train": False}
-    cfg.update(over)
-    path = out.parent / f"{out.name}.json"
-    path.write_text(json.dumps(cfg))
-    return [str(path)]
+    return write_sft_config(root, out, _SETTINGS, **over)
 
 
 def test_failed_rerun_keeps_the_previous_model(tiny_job):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from trainer_fixtures import load_run_finetune
+from trainer_fixtures import load_run_finetune, write_sft_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,17 +22,15 @@ def tiny_job(tmp_path_factory, make_tiny_sft_job):
     return make_tiny_sft_job(tmp_path_factory.mktemp("rf"), n_train=18, n_dev=3)
 
 
+_SETTINGS = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "per_device_eval_batch_size": 2,
+             "max_steps": 4, "learning_rate": 3e-3, "warmup_steps": 1, "logging_steps": 1, "save_steps": 2,
+             "save_strategy": "steps", "max_length": 96, "src_length": 48, "flash_mask": True,
+             "greedy_zero_padding": True, "do_train": True, "do_eval": True, "disable_tqdm": True,
+             "chat_max_new_tokens": 4}
+
+
 def _argv(root, out, **over):
-    cfg = {"model_name_or_path": str(root / "model"), "dataset_name_or_path": str(root / "data"),
-           "output_dir": str(out), "per_device_train_batch_size": 1, "gradient_accumulation_steps": 2,
-           "per_device_eval_batch_size": 2, "max_steps": 4, "learning_rate": 3e-3, "warmup_steps": 1,
-           "logging_steps": 1, "save_steps": 2, "save_strategy": "steps", "max_length": 96, "src_length": 48,
-           "flash_mask": True, "greedy_zero_padding": True, "do_train": True, "do_eval": True,
-           "disable_tqdm": True, "chat_max_new_tokens": 4}
-    cfg.update(over)
-    path = out.parent / f"{out.name}.json"
-    path.write_text(json.dumps(cfg))
-    return [str(path)]
+    return write_sft_config(root, out, _SETTINGS, **over)
 
 
 def test_launcher_trains_saves_and_resumes(tiny_job, capsys):

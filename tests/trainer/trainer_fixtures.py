@@ -77,3 +77,16 @@ def load_run_finetune():
     from tests._scripts import load_script  # here: trainer_dist_worker.py imports this file without the repo root
 
     return load_script("llm/run_finetune.py")
+
+
+def write_sft_config(root, out, settings: dict, **over) -> list:
+    """``[path]``: the argv of ``run_finetune.main`` for a tiny job made by ``make_tiny_sft_job`` at ``root``: a
+    JSON config ``<out>.json`` beside ``out`` holding the job's model and data paths, ``output_dir=out``, then
+    ``settings`` and ``over`` (later keys win)."""
+    import json
+
+    cfg = {"model_name_or_path": str(root / "model"), "dataset_name_or_path": str(root / "data"),
+           "output_dir": str(out), **settings, **over}
+    path = out.parent / f"{out.name}.json"
+    path.write_text(json.dumps(cfg))
+    return [str(path)]
