@@ -140,7 +140,9 @@ def test_flex_attention_equals_reference(name):
 @pytest.mark.parametrize("name", REF_NAMES)
 def test_flex_attention_gradients_cuda(name):
     m, q, k, v, sri = make_inputs(name, "cuda", torch.float32, requires_grad=True)
-    out = flex_flashmask_attention(q, k, v, sri, m.causal, 0.25, block_size=(64, 64), compile=True)
+    # FlexAttention's default 128 x 128 blocks: with 64 x 64 ones torch 2.11's compiled fp32 kernel has no tile
+    # config that divides the block (H200: NoValidChoicesError, 6 of 7 masks), a limit of flex, not of the mask
+    out = flex_flashmask_attention(q, k, v, sri, m.causal, 0.25, block_size=128, compile=True)
     ref, _ = flashmask_attention_reference(q, k, v, sri, m.causal, 0.25)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
