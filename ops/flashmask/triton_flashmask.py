@@ -84,7 +84,8 @@ def lpt_enabled() -> bool:
     """``FLASHMASK_LPT=1``: launch every kernel with heads fastest and its outer blocks by decreasing listed work
     (``MaskVectors.lpt_order``), so the heaviest blocks of all heads start first and light ones fill the tail.
     Default ``0``: outer blocks in a fixed order (last query blocks first; key blocks in order), heads slowest.
-    Written for uneven masks at small batch (session 6, docs/kernel_notes.md); not yet measured on a GPU."""
+    Written for uneven masks at small batch (session 6); H200 A/B in session 7: 5-10 % slower at D = 128, mixed at
+    D = 64, so off (docs/kernel_notes.md)."""
     return _env_choice("FLASHMASK_LPT", "0", ("0", "1")) == "1"
 
 
@@ -96,8 +97,8 @@ def gqa_split(group: int, kv_elements: int = 0) -> int:
     """Programs per KV head in the dK/dV kernel: 1 (default) = one program loops all ``group`` query heads of its
     KV head; k > 1 (``FLASHMASK_GQA_SPLIT=k``, k dividing ``group``; ``full`` = ``group``) shares them out over k
     programs whose fp32 partial dK / dV the launcher sums. Written for the training shape (32 query / 8 KV heads,
-    B = 1: 1024 programs of 4 heads each; docs/kernel_notes.md, session 6) and not yet measured on a GPU, so it is
-    off by default. ``kv_elements`` (B * S_k * H_k * D of this call): a split whose fp32 partial buffer (k times
+    B = 1: 1024 programs of 4 heads each; docs/kernel_notes.md, session 6); off by default: no gain in the H200 A/B
+    of session 7. ``kv_elements`` (B * S_k * H_k * D of this call): a split whose fp32 partial buffer (k times
     that) would pass the kernels' int32 offsets (2**31) falls back to none, as q / k / v themselves are checked.
 
     Raises:
