@@ -5,16 +5,19 @@ One 8K pack of ``benchmarks/e2e_train.py`` (log-normal documents), q ``[1, 8192,
 op path (``FLASHMASK_EAGER_OP=1``, what ``torch.compile`` sees) it prints, for the forward and the
 forward+backward (``out.backward(dO)``):
 
-- ``host``: seconds of Python per call, measured while the GPU is busy with a queued backlog of matmuls, so the
+- ``host``: microseconds of Python per call, measured while the GPU is busy with a queued backlog of matmuls, so the
   launches never wait for the GPU (median of 3 x 20 calls);
 - ``do_bench``: ``triton.testing.do_bench`` of the call (what benchmarks usually report);
 - ``gpu``: ``triton.testing.do_bench_cudagraph`` of the same kernels (device time only).
 
-and, as a yardstick for the host, a trivial ``torch.autograd.grad`` of ``(x * 2).sum()``. When ``host`` exceeds
-``gpu`` the call is host-bound and ``do_bench`` measures the host.
+then the autograd.Function path's forward+backward once more with
+``torch.autograd.set_multithreading_enabled(False)`` (the backward on the calling thread instead of the engine's
+device thread), and, as a yardstick for the host, a trivial ``torch.autograd.grad`` of ``(x * 2).sum()``. When
+``host`` exceeds ``gpu`` the call is host-bound and ``do_bench`` measures the host.
 
 Usage: ``PYTHONPATH=$PWD/ops:$PWD python benchmarks/attn_host_overhead.py`` (GPU only).
-Result (H200): ``benchmarks/results/attn_host_overhead_h200.log``.
+Results (H200): ``benchmarks/results/attn_host_overhead_h200.log`` (session 7, scratch scripts),
+``benchmarks/results/attn_host_overhead_v8_h200.log`` (session 8, this script before the multithreading row).
 """
 
 from __future__ import annotations
@@ -86,6 +89,20 @@ def main() -> None:
                 ms = do_bench(fn, warmup=20, rep=100, grad_to_none=[q, k, v])
                 label = "custom op" if path == "1" else "autograd.Function"
                 print(f"{label:18s} {name:8s} {h:8.1f}   {ms:10.3f}   {gpu[name]:7.3f}", flush=True)
+    finally:
+        if old is None:
+            os.environ.pop("FLASHMASK_EAGER_OP", None)
+        else:
+            os.environ["FLASHMASK_EAGER_OP"] = old
+    # the autograd engine runs CUDA backward nodes on its own device thread; with multithreading off the calling
+    # thread runs them (session 8: most of the fwd+bwd host time above is that handoff, not our code)
+    os.environ["FLASHMASK_EAGER_OP"] = "0"
+    try:
+        with torch.autograd.set_multithreading_enabled(False):
+            fn = calls["fwd+bwd"]
+            h = host_us(fn, backlog)
+            ms = do_bench(fn, warmup=20, rep=100, grad_to_none=[q, k, v])
+            print(f"{'no engine threads':18s} {'fwd+bwd':8s} {h:8.1f}   {ms:10.3f}   {gpu['fwd+bwd']:7.3f}", flush=True)
     finally:
         if old is None:
             os.environ.pop("FLASHMASK_EAGER_OP", None)
