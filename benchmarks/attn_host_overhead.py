@@ -80,29 +80,20 @@ def main() -> None:
              "fwd+bwd": lambda: flashmask_attention(q, k, v, sri, causal=True).backward(do)}
     print(f"pack: {len(packs[0]['seq_lens'])} documents; bf16, 32 / 8 heads, D = 64, B = 1, S = 8192")
     print("path               pass      host us   do_bench ms   gpu ms")
+    # (label, FLASHMASK_EAGER_OP, autograd engine threads, passes); the autograd engine runs CUDA backward nodes on
+    # its own device thread, with multithreading off on the calling one (session 8: most of the fwd+bwd host time
+    # is that handoff, not our code)
+    variants = [("autograd.Function", "0", True, calls), ("custom op", "1", True, calls),
+                ("no engine threads", "0", False, {"fwd+bwd": calls["fwd+bwd"]})]
     old = os.environ.get("FLASHMASK_EAGER_OP")
     try:
-        for path in ("0", "1"):
+        for label, path, threads, passes in variants:
             os.environ["FLASHMASK_EAGER_OP"] = path
-            for name, fn in calls.items():
-                h = host_us(fn, backlog)
-                ms = do_bench(fn, warmup=20, rep=100, grad_to_none=[q, k, v])
-                label = "custom op" if path == "1" else "autograd.Function"
-                print(f"{label:18s} {name:8s} {h:8.1f}   {ms:10.3f}   {gpu[name]:7.3f}", flush=True)
-    finally:
-        if old is None:
-            os.environ.pop("FLASHMASK_EAGER_OP", None)
-        else:
-            os.environ["FLASHMASK_EAGER_OP"] = old
-    # the autograd engine runs CUDA backward nodes on its own device thread; with multithreading off the calling
-    # thread runs them (session 8: most of the fwd+bwd host time above is that handoff, not our code)
-    os.environ["FLASHMASK_EAGER_OP"] = "0"
-    try:
-        with torch.autograd.set_multithreading_enabled(False):
-            fn = calls["fwd+bwd"]
-            h = host_us(fn, backlog)
-            ms = do_bench(fn, warmup=20, rep=100, grad_to_none=[q, k, v])
-            print(f"{'no engine threads':18s} {'fwd+bwd':8s} {h:8.1f}   {ms:10.3f}   {gpu['fwd+bwd']:7.3f}", flush=True)
+            with torch.autograd.set_multithreading_enabled(threads):
+                for name, fn in passes.items():
+                    h = host_us(fn, backlog)
+                    ms = do_bench(fn, warmup=20, rep=100, grad_to_none=[q, k, v])
+                    print(f"{label:18s} {name:8s} {h:8.1f}   {ms:10.3f}   {gpu[name]:7.3f}", flush=True)
     finally:
         if old is None:
             os.environ.pop("FLASHMASK_EAGER_OP", None)
