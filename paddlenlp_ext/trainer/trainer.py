@@ -47,6 +47,10 @@ class TrainerState:
     micro_batches_in_epoch: int = 0  # micro-batches of that epoch already consumed on this rank
     log_history: list[dict[str, Any]] = field(default_factory=list)
     trainer: str = ""  # the Trainer class that wrote it (Trainer, DPOTrainer, RewardTrainer): checked on resume
+    # the micro-batch shape that micro_batches_in_epoch counts in (0 = unknown, a checkpoint from before they were
+    # saved): a resume with another per_device_train_batch_size or data-parallel size converts the count
+    train_batch_size: int = 0  # per device
+    data_parallel_size: int = 0
 
 
 def _default_collator(items):
@@ -441,6 +445,8 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> str:
         """Write ``output_dir/checkpoint-<global_step>`` (see ``checkpoint.py``); returns its path."""
+        self.state.train_batch_size = int(self.args.per_device_train_batch_size)
+        self.state.data_parallel_size = int(self.dp.size)
         data_state = {"epoch": self.state.epoch, "micro_batches_in_epoch": self.state.micro_batches_in_epoch}
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, self.model, self.optimizer,
                                     self.lr_scheduler, asdict(self.state), data_state,
@@ -463,10 +469,36 @@ class Trainer:
         if data_state is not None:
             self.state.epoch = int(data_state["epoch"])
             self.state.micro_batches_in_epoch = int(data_state["micro_batches_in_epoch"])
+        self._convert_data_position()
         if bool(getattr(self.args, "ignore_data_skip", False)):
             self.state.micro_batches_in_epoch = 0  # PaddleNLP: restart the epoch's data from its beginning
         logger.info("resumed from %s at step %d (epoch %d, %d micro-batches in)", path, self.state.global_step,
                     self.state.epoch, self.state.micro_batches_in_epoch)
+
+    def _convert_data_position(self) -> None:
+        """Re-express the resumed ``micro_batches_in_epoch`` in this run's micro-batch shape.
+
+        The count was taken in micro-batches of the checkpoint's ``train_batch_size`` x ``data_parallel_size``
+        packs; the samplers skip ``count x per_device_train_batch_size`` packs per rank. Resumed with another batch
+        size or number of data ranks, the unconverted count skipped unseen packs (a larger batch) or repeated seen
+        ones (a smaller one) silently; HF and PaddleNLP do the same. The epoch's consumed packs (a prefix of its
+        order) are kept; when they do not fill whole new micro-batches, the count rounds down (a few packs are
+        seen again) with a warning.
+        """
+        old_bs, old_dp = self.state.train_batch_size, self.state.data_parallel_size
+        new_bs, new_dp = int(self.args.per_device_train_batch_size), int(self.dp.size)
+        if not old_bs or not old_dp or (old_bs, old_dp) == (new_bs, new_dp):
+            return
+        packs = self.state.micro_batches_in_epoch * old_bs * old_dp  # of this epoch, over all data ranks
+        count, extra = divmod(packs, new_bs * new_dp)
+        logger.info("the checkpoint counted %d micro-batch(es) of %d pack(s) x %d data rank(s) in epoch %d; resuming "
+                    "with %d x %d: %d micro-batch(es) in", self.state.micro_batches_in_epoch, old_bs, old_dp,
+                    self.state.epoch, new_bs, new_dp, count)
+        if extra:
+            logger.warning("resuming with per_device_train_batch_size=%d x %d data rank(s) (the checkpoint used %d x "
+                           "%d): the %d pack(s) read in epoch %d do not fill whole micro-batches, so the last %d "
+                           "are read again", new_bs, new_dp, old_bs, old_dp, packs, self.state.epoch, extra)
+        self.state.micro_batches_in_epoch = count
 
     def save_model(self, output_dir: str | None = None) -> str:
         """Save the final model as a Hugging Face directory plus the tokenizer files; returns the directory.

@@ -1,0 +1,68 @@
+"""New-user pass, session 8: each test reproduces one bug found by following README.md as a new user and then
+trying what users try (resume with a changed config, LoRA / DPO variants, odd data, PaddleNLP keys).
+
+CPU only, no model weights (the SmolLM2 tokenizer files at most).
+"""
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from paddlenlp_ext.trainer.trainer import Trainer
+from trainer_fixtures import PackDataset
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _Recording(PackDataset):
+    """PackDataset that records which pack indices the loader reads."""
+
+    def __init__(self, n):
+        super().__init__(n=n)
+        self.read = []
+
+    def __getitem__(self, i):
+        self.read.append(int(i))
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("new_bs", [1, 4])
+def test_resume_with_another_batch_size_reads_the_next_unseen_packs(make_args, tiny_model, tmp_path, new_bs,
+                                                                     shuffle):
+    # was: the checkpoint's micro-batch count (2 micro-batches of 2 packs) was skipped in micro-batches of the NEW
+    # size: resumed with batch size 4 it skipped 8 packs (packs 4..7 never trained on), with 1 it skipped 2 (packs
+    # 2..3 trained on twice), silently
+    out = tmp_path / "out"
+    kw = dict(output_dir=str(out), save_strategy="steps", save_steps=2, dataloader_shuffle=shuffle)
+    first = _Recording(16)
+    Trainer(tiny_model(), make_args(per_device_train_batch_size=2, max_steps=2, **kw), train_dataset=first).train()
+    assert (out / "checkpoint-2").is_dir()
+    seen = list(first.read)
+    assert len(seen) == 4
+    second = _Recording(16)
+    Trainer(tiny_model(), make_args(per_device_train_batch_size=new_bs, max_steps=3, **kw),
+            train_dataset=second).train(resume_from_checkpoint=True)
+    # the epoch's order is that of the first run (same seed and epoch): the next packs follow the 4 already seen
+    full = _Recording(16)
+    Trainer(tiny_model(), make_args(per_device_train_batch_size=8, max_steps=1, output_dir=str(tmp_path / "o2"),
+                                    save_strategy="no", dataloader_shuffle=shuffle), train_dataset=full).train()
+    assert full.read[:4] == seen
+    assert second.read == full.read[4:4 + new_bs]
+
+
+def test_resume_with_a_batch_size_that_splits_a_micro_batch_warns(make_args, tiny_model, tmp_path, caplog):
+    out = tmp_path / "out"
+    kw = dict(output_dir=str(out), save_strategy="steps", save_steps=1, dataloader_shuffle=False)
+    Trainer(tiny_model(), make_args(per_device_train_batch_size=3, max_steps=1, **kw), train_dataset=_Recording(16)
+            ).train()
+    second = _Recording(16)
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
+        Trainer(tiny_model(), make_args(per_device_train_batch_size=2, max_steps=2, **kw), train_dataset=second
+                ).train(resume_from_checkpoint=True)
+    assert second.read == [2, 3]  # 3 packs read: one whole micro-batch of 2 kept, pack 2 read again
+    assert "the last 1 are read again" in caplog.text
