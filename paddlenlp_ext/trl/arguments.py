@@ -144,6 +144,8 @@ def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
        ValueError (the reference would change or cannot be stored).
     7. benchmark / autotuner_benchmark coercions.
     8. ``ref_model_update_steps > 0`` with ``lora`` or ``reference_free`` (no reference model to update): warned.
+    9. ``flash_mask`` sets ``use_flash_attention`` (PaddleNLP rule); ``flash_mask`` false is warned (the mask still
+       goes through flashmask_attention).
     """
     msgs: List[str] = []
 
@@ -181,9 +183,12 @@ def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
         warn(f"ref_model_update_steps={c.ref_model_update_steps} has no effect with "
              f"{'lora=true (the reference is the policy with its adapters disabled)' if c.lora else 'reference_free'}"
              "; remove it, or train without that setting to update a reference model")
-    if not (m.flash_mask and m.use_flash_attention):
-        warn("flash_mask/use_flash_attention false: ignored, the share-question mask always goes through "
-             "flashmask_attention (PaddleNLP would use a dense mask)")
+    if m.flash_mask:
+        # PaddleNLP's run_dpo.py: flash_mask without use_flash_attention sets it (FlashMask needs it); nothing to say
+        m.use_flash_attention = True
+    else:
+        warn("flash_mask false: ignored, the share-question mask always goes through flashmask_attention "
+             "(PaddleNLP would use a dense mask)")
     if m.tokenizer_name_or_path is None:
         m.tokenizer_name_or_path = m.model_name_or_path
     msgs += apply_benchmark_overrides(training_args)

@@ -66,3 +66,21 @@ def test_resume_with_a_batch_size_that_splits_a_micro_batch_warns(make_args, tin
                 ).train(resume_from_checkpoint=True)
     assert second.read == [2, 3]  # 3 packs read: one whole micro-batch of 2 kept, pack 2 read again
     assert "the last 1 are read again" in caplog.text
+
+
+def test_dpo_flash_mask_without_use_flash_attention_is_not_warned_as_false(tmp_path, caplog):
+    # was: flash_mask true with use_flash_attention unset warned "flash_mask/use_flash_attention false: ignored ...
+    # (PaddleNLP would use a dense mask)": PaddleNLP's run_dpo.py sets use_flash_attention and uses FlashMask there
+    from paddlenlp_ext.trl.arguments import parse_dpo_args
+
+    cfg = tmp_path / "dpo.json"
+    cfg.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "train_dataset_path": "t.jsonl",
+                               "flash_mask": True}))
+    with caplog.at_level(logging.WARNING):
+        model_args = parse_dpo_args([str(cfg)])[0]
+    assert model_args.use_flash_attention
+    assert "flash_mask" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        parse_dpo_args([str(cfg), "--flash_mask", "false", "--use_flash_attention", "true"])
+    assert "flash_mask false: ignored" in caplog.text
