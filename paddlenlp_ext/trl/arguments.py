@@ -249,7 +249,8 @@ class RMModelArgument:
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help("Tokenizer dir; None = the model's."))
     use_flash_attention: bool = field(default=False, metadata=_help(
         "Kept for compatibility: attention always runs through flashmask_attention."))
-    recompute_granularity: str = field(default="full", metadata=_help("full | core_attn | full_attn."))
+    recompute_granularity: str = field(default="full", metadata=inert(
+        "recompute always checkpoints whole decoder layers", help="full | core_attn | full_attn."))
     flash_mask: bool = field(default=False, metadata=_help("Kept for compatibility (the mask is always given)."))
     virtual_pp_degree: int = field(default=1, metadata=inert("pipeline parallelism is not implemented", help="."))
     placeholder_token: str = field(default="ки", metadata=inert("PRM is not implemented", help="."))

@@ -84,3 +84,16 @@ def test_dpo_flash_mask_without_use_flash_attention_is_not_warned_as_false(tmp_p
     with caplog.at_level(logging.WARNING):
         parse_dpo_args([str(cfg), "--flash_mask", "false", "--use_flash_attention", "true"])
     assert "flash_mask false: ignored" in caplog.text
+
+
+def test_rm_recompute_granularity_is_warned_as_not_acted_on(tmp_path, caplog):
+    # was: run_reward.py accepted recompute_granularity 'core_attn' silently (its RM model-argument copy was not
+    # marked inert) while run_finetune.py warned; recompute always checkpoints whole decoder layers
+    from paddlenlp_ext.trl.arguments import parse_rm_args
+
+    cfg = tmp_path / "rm.json"
+    cfg.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "train_dataset_path": "t.jsonl",
+                               "recompute": True, "recompute_granularity": "core_attn"}))
+    with caplog.at_level(logging.WARNING):
+        parse_rm_args([str(cfg)])
+    assert "not acted on by this build: recompute_granularity" in caplog.text
