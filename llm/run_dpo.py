@@ -36,12 +36,16 @@ _EVAL_KEYS = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "e
 
 
 def build_policy(model_args, training_args, dpo_config):
-    """fp32 policy (bf16 via autocast on CUDA); LoRA adapters applied when ``dpo_config.lora``."""
+    """fp32 policy (bf16 via autocast on CUDA) with the ``use_fused_*`` keys on its config; LoRA adapters applied
+    when ``dpo_config.lora``."""
     from paddlenlp_ext.transformers import AutoModelForCausalLM
 
     require_model_path(model_args)
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=torch.float32,
                                                  recompute=training_args.recompute)
+    from paddlenlp_ext.ops import set_llm_config
+
+    set_llm_config(model, training_args)  # use_fused_* keys -> model config (PaddleNLP run_dpo's LlmMetaConfig)
     if dpo_config.lora:
         from paddlenlp_ext.peft import apply_lora
 

@@ -62,6 +62,11 @@ def _run(start, model_args, data_args, training_args) -> dict:
     name = model_args.model_name_or_path  # an ERNIE preset name builds a random trunk (as run_finetune/run_dpo)
     path = name if is_preset(name) else resolve_model_name_or_path(name)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
+    from paddlenlp_ext.ops import set_llm_config
+
+    # use_fused_* keys -> model config (ours: PaddleNLP's RM does not call LlmMetaConfig.set_llm_config, and
+    # its RM TrainingArguments has no such keys)
+    set_llm_config(model, training_args)
     from paddlenlp_ext.distributed import parallelize_model
 
     model = parallelize_model(model, parallel_dims, training_args)  # TP, compile (to_static), FSDP2: what applies

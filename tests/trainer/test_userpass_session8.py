@@ -97,3 +97,36 @@ def test_rm_recompute_granularity_is_warned_as_not_acted_on(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         parse_rm_args([str(cfg)])
     assert "not acted on by this build: recompute_granularity" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs(tmp_path_factory):
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    d = tmp_path_factory.mktemp("userpass8_pairs")
+    return make_tiny_model_dir(str(d / "model")), write_pairs(str(d / "train.jsonl"), 8)
+
+
+@pytest.mark.parametrize("script", ["run_dpo", "run_reward"])
+def test_dpo_and_rm_act_on_the_use_fused_keys(tiny_pairs, tmp_path, monkeypatch, script):
+    # was: run_dpo.py / run_reward.py accepted use_fused_rms_norm / use_fused_rope / use_fused_swiglu / ... and
+    # never copied them onto the model config (only run_finetune.py called set_llm_config), so the compiled ops
+    # never ran there, silently; PaddleNLP's run_dpo.py copies them (LlmMetaConfig.set_llm_config)
+    import paddlenlp_ext.distributed as distributed
+    from tests._scripts import load_script
+
+    seen = []
+    original = distributed.parallelize_model
+
+    def spy(model, *a, **kw):
+        seen.append(model)
+        return original(model, *a, **kw)
+
+    monkeypatch.setattr(distributed, "parallelize_model", spy)
+    model_dir, train = tiny_pairs
+    load_script(f"llm/{script}.py").main([
+        "--model_name_or_path", model_dir, "--train_dataset_path", train, "--output_dir", str(tmp_path / "out"),
+        "--max_seq_len", "64", "--max_prompt_len", "24", "--max_steps", "1", "--do_train", "true",
+        "--do_eval", "false", "--report_to", "none", "--use_fused_rms_norm", "true", "--use_fused_swiglu", "true"])
+    config = seen[0].config
+    assert config.use_fused_rms_norm and config.use_fused_swiglu and not config.use_fused_rope
