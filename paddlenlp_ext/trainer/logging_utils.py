@@ -68,7 +68,8 @@ class MetricsLogger:
         self.bar.update(n)
 
     def log(self, metrics: dict[str, float], step: int, prefix: str = "train") -> None:
-        """Show ``metrics`` on the bar (train) or the logger (eval), and write ``prefix/<name>`` scalars."""
+        """Show ``metrics`` on the bar (train) or the logger (eval), and write ``prefix/<name>`` scalars (a key's own
+        ``<prefix>_`` is dropped: ``eval_loss`` is written as ``eval/loss``, as Hugging Face and PaddleNLP do)."""
         if not self.is_main:
             return
         if prefix == "train" and not self.bar.disable:
@@ -82,7 +83,10 @@ class MetricsLogger:
             self.bar.write(f"[{prefix}] step {step}: {text}")
         if self.writer is not None:
             for k, v in metrics.items():
-                self.writer.add_scalar(f"{prefix}/{k}", v, step)
+                # eval_loss -> eval/loss, eval_rewards/margins -> eval/rewards/margins (HF / PaddleNLP rewrite_logs;
+                # the plain f"{prefix}/{k}" wrote eval/eval_loss, which no train/ tag lines up with)
+                name = k[len(prefix) + 1:] if k.startswith(prefix + "_") else k
+                self.writer.add_scalar(f"{prefix}/{name}", v, step)
             self.writer.flush()
 
     def close(self) -> None:

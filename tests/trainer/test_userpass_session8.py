@@ -130,3 +130,20 @@ def test_dpo_and_rm_act_on_the_use_fused_keys(tiny_pairs, tmp_path, monkeypatch,
         "--do_eval", "false", "--report_to", "none", "--use_fused_rms_norm", "true", "--use_fused_swiglu", "true"])
     config = seen[0].config
     assert config.use_fused_rms_norm and config.use_fused_swiglu and not config.use_fused_rope
+
+
+def test_tensorboard_eval_tags_are_eval_slash_metric(make_args, tiny_model, tmp_path):
+    # was: eval metrics were written as eval/eval_loss (and eval/eval_rewards/accuracies for DPO): HF and
+    # PaddleNLP's rewrite_logs write eval/loss, next to train/loss
+    import glob
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = make_args(max_steps=2, report_to=["tensorboard"], evaluation_strategy="steps", eval_steps=2)
+    Trainer(tiny_model(), args, train_dataset=PackDataset(n=4), eval_dataset=PackDataset(n=2, seed=1)).train()
+    events = glob.glob(os.path.join(args.output_dir, "runs", "events.out.tfevents.*"))
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "eval/loss" in tags and "train/loss" in tags
+    assert not [t for t in tags if t.startswith("eval/eval_")]
