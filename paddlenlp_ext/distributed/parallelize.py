@@ -36,6 +36,7 @@ which the model reshapes with ``-1`` heads (or its local head count) before Flas
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import types
 from typing import Any
@@ -44,6 +45,8 @@ import torch
 import torch.nn as nn
 
 from .parallel_dims import ParallelDims
+
+logger = logging.getLogger(__name__)
 
 _LAYER_RE = re.compile(r"(^|\.)layers\.\d+$")
 
@@ -312,7 +315,13 @@ def _fsdp_kwargs(parallel_dims: ParallelDims, training_args: Any) -> dict[str, A
     if bf16 and parallel_dims.device_type == "cuda":
         # PaddleNLP O2: bf16 compute weights, fp32 master weights (the sharded params) and fp32 grad reduce.
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if parallel_dims.offload:
+    if parallel_dims.offload and parallel_dims.device_type == "cpu":
+        # the parameters already live in host memory; CPUOffloadPolicy pins memory, which needs an accelerator
+        # ("Cannot access accelerator device when none is available" from fully_shard on a CPU-only machine)
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            logger.warning("sharding 'offload' has no effect on the CPU (the sharded parameters, gradients and "
+                           "optimizer states are in host memory already): training without CPUOffloadPolicy")
+    elif parallel_dims.offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     return kwargs
 
