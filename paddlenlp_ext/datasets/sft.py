@@ -254,6 +254,12 @@ def tokenize_sft_examples(examples: Iterable[dict], tokenizer, src_length: int, 
             stats["dropped"] += 1
             continue
         yield rec
-    if stats["dropped"]:
+    if stats["dropped"] and _template_of(tokenizer, chat_template):
+        # src_length plays no part here (a templated turn is never cut): naming it sent users to the wrong key
+        logger.warning("dropped %d of %d SFT examples whose newest turn does not fit whole in max_length=%d tokens "
+                       "(with a chat template a turn is never cut, and src_length is not used): raise max_length, or "
+                       "shorten those examples", stats["dropped"], stats["seen"], max_length)
+    elif stats["dropped"]:
         logger.warning("dropped %d of %d SFT examples with no learnable token left after truncation to "
-                       "max_length=%d, src_length=%d", stats["dropped"], stats["seen"], max_length, src_length)
+                       "max_length=%d, src_length=%d (an empty answer, or no room left for it): raise max_length or "
+                       "lower src_length", stats["dropped"], stats["seen"], max_length, src_length)

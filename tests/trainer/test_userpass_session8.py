@@ -147,3 +147,19 @@ def test_tensorboard_eval_tags_are_eval_slash_metric(make_args, tiny_model, tmp_
     tags = acc.Tags()["scalars"]
     assert "eval/loss" in tags and "train/loss" in tags
     assert not [t for t in tags if t.startswith("eval/eval_")]
+
+
+def test_dropped_templated_examples_warning_names_max_length_not_src_length(caplog):
+    # was: "dropped 1 of 1 SFT examples with no learnable token left after truncation to max_length=24,
+    # src_length=16": with a chat template src_length is not used (a turn is never cut), so the warning sent users
+    # to a key that changes nothing, and named no fix
+    from paddlenlp_ext.datasets.sft import tokenize_sft_examples
+    from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert tok.chat_template
+    long = {"src": ["word " * 40], "tgt": ["x"]}
+    with caplog.at_level(logging.WARNING):
+        assert list(tokenize_sft_examples([long], tok, 16, 24)) == []
+    assert "dropped 1 of 1 SFT examples" in caplog.text
+    assert "raise max_length" in caplog.text and "src_length=16" not in caplog.text
