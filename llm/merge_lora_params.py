@@ -31,7 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model_name_or_path", default=None,
                    help="base model (local HF directory or the embedded SmolLM2 name); default: the adapter's "
                         "base_model_name_or_path")
-    p.add_argument("--output_path", required=True, help="directory for the merged model (must not be --lora_path)")
+    p.add_argument("--output_path", required=True,
+                   help="directory for the merged model (neither --lora_path nor the base model's directory)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16: load, merge and save dtype")
     return p.parse_args(argv)
 
@@ -59,6 +60,18 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
     return base
 
 
+def _base_dir(base: str) -> str | None:
+    """The directory the base model is loaded from: ``base`` itself, the cache directory of the embedded SmolLM2,
+    or None for a name that is no directory (e.g. an ERNIE preset)."""
+    from paddlenlp_ext.transformers.auto import SMOLLM2_NAMES, default_cache_dir
+
+    if os.path.isdir(base):
+        return base
+    if base.lower() in (n.lower() for n in SMOLLM2_NAMES):
+        return default_cache_dir()
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     base = resolve_base(args.lora_path, args.model_name_or_path)
@@ -67,6 +80,14 @@ def main(argv=None) -> int:
         # beside the adapter files, transformers (with peft installed) would load the merged weights and apply
         # the adapter a second time
         raise ValueError(f"--output_path {args.output_path} is the adapter directory; give a new directory")
+    base_dir = _base_dir(base)
+    if base_dir is not None and os.path.realpath(out) == os.path.realpath(base_dir):
+        # the adapter's base_model_name_or_path (a later merge, predict.py on the adapter) would then load the
+        # merged weights and apply the adapter a second time; for the embedded SmolLM2's cache directory, every
+        # later run that names the default model would start from this fine-tune
+        raise ValueError(f"--output_path {args.output_path} is the base model's directory ({base}): the merged "
+                         "weights would replace the base the adapter names, so loading the adapter again would "
+                         "apply it twice; give a new directory")
     if os.path.exists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"--output_path {args.output_path} exists and is not a directory")
     blocker = _file_ancestor(out)

@@ -1,4 +1,5 @@
-"""Session-8 user pass over distributed training on CPU (gloo), through ``llm/run_finetune.py`` under torchrun.
+"""Session-8 user pass over distributed training on CPU (gloo), through ``llm/run_finetune.py`` under torchrun,
+and over ``llm/merge_lora_params.py`` on the adapters such runs write.
 
 Each test is a case a user met following README.md / docs/distributed.md that failed before its fix.
 """
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.distributed
+from tests._scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(ROOT, "llm", "run_finetune.py")
@@ -49,6 +50,7 @@ def _losses(state) -> list[float]:
     return [h["loss"] for h in state["log_history"] if "loss" in h]
 
 
+@pytest.mark.distributed
 def test_sharding_offload_on_cpu_trains_like_fsdp(job):
     """``sharding: "stage2 offload"`` on a CPU-only machine: FSDP2's CPUOffloadPolicy pins memory, so
     ``fully_shard`` died with "Cannot access accelerator device when none is available". On the CPU the shards
@@ -59,3 +61,33 @@ def test_sharding_offload_on_cpu_trains_like_fsdp(job):
     want = _losses(ref)
     assert len(want) == 2 and len(_losses(got)) == 2, (want, _losses(got))
     assert all(abs(a - b) <= RTOL * abs(b) for a, b in zip(_losses(got), want)), (_losses(got), want)
+
+
+def test_merge_refuses_the_base_model_directory_as_output(tmp_path, monkeypatch):
+    """``merge_lora_params.py --output_path <the base model's directory>`` replaced the base in place: the adapter's
+    ``base_model_name_or_path`` then named merged weights, so ``predict.py`` on the adapter (or another merge)
+    applied it twice. Now refused before anything is loaded; the base files stay byte-identical. The embedded
+    SmolLM2's cache directory (the base behind its alias) is refused the same way."""
+    from paddlenlp_ext.peft import apply_lora, save_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+    from tests.trl._tiny import make_tiny_model_dir
+
+    mod = load_script("llm/merge_lora_params.py")
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    save_lora(apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 2}), str(tmp_path / "lora"),
+              base_model_name_or_path=base)
+    before = {f.name: f.read_bytes() for f in (tmp_path / "base").iterdir()}
+
+    def no_load(*a, **k):
+        raise AssertionError("the base model was loaded before the output path was checked")
+
+    monkeypatch.setattr("paddlenlp_ext.peft.load_merged_lora", no_load)
+    for out in (base, str(tmp_path / "x" / ".." / "base") + os.sep):  # the same directory spelled another way
+        with pytest.raises(ValueError, match=r"--output_path .* is the base model's directory"):
+            mod.main(["--lora_path", str(tmp_path / "lora"), "--output_path", out])
+    assert {f.name: f.read_bytes() for f in (tmp_path / "base").iterdir()} == before
+
+    monkeypatch.setenv("PADDLENLP_EXT_HOME", str(tmp_path / "home"))  # the alias' cache dir, never converted here
+    with pytest.raises(ValueError, match=r"is the base model's directory \(HuggingFaceTB/SmolLM2-135M-Instruct\)"):
+        mod.main(["--lora_path", str(tmp_path / "lora"), "--model_name_or_path", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                  "--output_path", str(tmp_path / "home" / "SmolLM2-135M-Instruct")])
