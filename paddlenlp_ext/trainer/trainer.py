@@ -461,7 +461,9 @@ class Trainer:
             raise ValueError(f"{path} was written by {wrote}, not {type(self).__name__} (another kind of job in the "
                              "same output_dir): choose another output_dir, or set overwrite_output_dir true to "
                              "start over")
+        configured = _hyperparameters(self.optimizer, self.lr_scheduler)
         trainer_state, data_state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
+        self._reapply_hyperparameters(configured)
         if self.master_weights is not None:
             self.master_weights.mark_dirty()
         self.state = TrainerState(**{k: v for k, v in trainer_state.items() if k in TrainerState.__dataclass_fields__})
@@ -474,6 +476,34 @@ class Trainer:
             self.state.micro_batches_in_epoch = 0  # PaddleNLP: restart the epoch's data from its beginning
         logger.info("resumed from %s at step %d (epoch %d, %d micro-batches in)", path, self.state.global_step,
                     self.state.epoch, self.state.micro_batches_in_epoch)
+
+    def _reapply_hyperparameters(self, configured: tuple[list[dict[str, Any]], list[float]]) -> None:
+        """Put this run's learning rate, weight decay, betas and eps back after a checkpoint load.
+
+        ``optimizer.load_state_dict`` restores every param group's hyper-parameters and ``LambdaLR`` its
+        ``base_lrs``, so a run resumed with another ``learning_rate`` (or ``weight_decay``, ``adam_beta*``,
+        ``adam_epsilon``, ``lora_plus_scale``) kept the checkpoint's values silently. PaddleNLP's optimizer and LR
+        scheduler states hold no such values (``LRScheduler.state_dict``: ``last_epoch``, ``last_lr``), so there the
+        config's values apply on resume; so they do here, and a change is logged. The current learning rate is
+        recomputed for the restored step (``base_lr * lr_lambda(last_epoch)``, as ``LambdaLR`` does).
+        """
+        groups, base_lrs = configured
+        restored_groups, restored_base = _hyperparameters(self.optimizer, self.lr_scheduler)
+        changed = {_HYPER_KEYS[k] for want, got in zip(groups, restored_groups) for k in want if want[k] != got.get(k)}
+        if base_lrs != restored_base:
+            changed.add("learning_rate")
+        if not changed:
+            return
+        for group, want in zip(self.optimizer.param_groups, groups):
+            group.update(want)
+        sched = self.lr_scheduler
+        sched.base_lrs = list(base_lrs)
+        lrs = [base * lam(sched.last_epoch) for base, lam in zip(sched.base_lrs, sched.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        sched._last_lr = lrs
+        logger.info("resuming with this run's %s (the checkpoint's differ; PaddleNLP's rule): learning rate now %g",
+                    ", ".join(sorted(changed)), lrs[0])
 
     def _convert_data_position(self) -> None:
         """Re-express the resumed ``micro_batches_in_epoch`` in this run's micro-batch shape.
@@ -519,6 +549,19 @@ class Trainer:
             with ckpt.explain_tokenizer_write_errors(self.tokenizer, output_dir):
                 self.tokenizer.save_pretrained(output_dir)
         return output_dir
+
+
+# param-group key -> the config key that sets it
+_HYPER_KEYS = {"initial_lr": "learning_rate", "weight_decay": "weight_decay", "betas": "adam_beta1/adam_beta2",
+               "eps": "adam_epsilon"}
+
+
+def _hyperparameters(optimizer, scheduler) -> tuple[list[dict[str, Any]], list[float]]:
+    """Per param group ``{initial_lr, weight_decay, betas, eps}`` (betas as a tuple of floats) and the scheduler's
+    ``base_lrs``: what a checkpoint load overwrites."""
+    groups = [{k: (tuple(float(b) for b in g[k]) if k == "betas" else float(g[k])) for k in _HYPER_KEYS if k in g}
+              for g in optimizer.param_groups]
+    return groups, [float(b) for b in scheduler.base_lrs]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -163,3 +163,34 @@ def test_dropped_templated_examples_warning_names_max_length_not_src_length(capl
         assert list(tokenize_sft_examples([long], tok, 16, 24)) == []
     assert "dropped 1 of 1 SFT examples" in caplog.text
     assert "raise max_length" in caplog.text and "src_length=16" not in caplog.text
+
+
+def test_resume_with_a_new_learning_rate_and_weight_decay_uses_them(make_args, tiny_model, tmp_path, caplog):
+    # was: the checkpoint's optimizer param groups and LambdaLR base_lrs were restored as they were, so a run
+    # resumed with --learning_rate 1e-5 trained on at the old 1e-2 (and the old weight_decay), silently; PaddleNLP's
+    # optimizer / scheduler states hold no such values, so there the config's values apply on resume
+    out = tmp_path / "out"
+    kw = dict(output_dir=str(out), save_strategy="steps", save_steps=2, lr_scheduler_type="linear", warmup_steps=0,
+              max_steps=4)
+    Trainer(tiny_model(), make_args(learning_rate=1e-2, weight_decay=0.01, **kw), train_dataset=PackDataset(n=8)
+            ).train()
+    t = Trainer(tiny_model(), make_args(learning_rate=1e-5, weight_decay=0.0, **kw), train_dataset=PackDataset(n=8))
+    t.compute_max_steps = lambda: 3  # stop after one resumed step; the schedule still spans 4 steps
+    t.create_optimizer_and_scheduler(4)
+    with caplog.at_level(logging.INFO, logger="paddlenlp_ext.trainer"):
+        t.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    lrs = [h["lr"] for h in t.state.log_history if "lr" in h]
+    # linear decay over 4 steps, read after step 3: 1e-5 * (4 - 3) / 4
+    assert lrs[-1] == pytest.approx(1e-5 * 1 / 4)
+    assert [g["weight_decay"] for g in t.optimizer.param_groups] == [0.0, 0.0]
+    assert "resuming with this run's learning_rate, weight_decay" in caplog.text
+
+
+def test_resume_with_the_same_hyperparameters_logs_nothing(make_args, tiny_model, tmp_path, caplog):
+    out = tmp_path / "out"
+    kw = dict(output_dir=str(out), save_strategy="steps", save_steps=2, max_steps=2)
+    Trainer(tiny_model(), make_args(**kw), train_dataset=PackDataset(n=8)).train()
+    with caplog.at_level(logging.INFO, logger="paddlenlp_ext.trainer"):
+        Trainer(tiny_model(), make_args(**{**kw, "max_steps": 3}), train_dataset=PackDataset(n=8)
+                ).train(resume_from_checkpoint=True)
+    assert "resuming with this run's" not in caplog.text
