@@ -153,8 +153,11 @@ def flashmask_attention(
         nothing give 0 output and 0 gradients.
 
     Raises:
-        ValueError: on any malformed argument; the message gives the expected and actual values.
-        RuntimeError: ``impl="triton"`` on a machine without a usable Triton/CUDA device.
+        ValueError: on any malformed argument; the message gives the expected and actual values. Also
+            ``impl="triton"`` with bf16 tensors on CPU under ``TRITON_INTERPRET=1`` (the interpreter computes bf16
+            dots wrongly).
+        RuntimeError: ``impl="triton"`` with CPU tensors and no ``TRITON_INTERPRET=1``.
+        ModuleNotFoundError: ``impl="triton"`` (or ``"auto"`` with CUDA tensors) without the ``triton`` package.
 
     Source: Paddle ``flashmask_attention`` and FlashMask (Wang et al., ICLR 2025, arXiv 2410.01359).
     """
