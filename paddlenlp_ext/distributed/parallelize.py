@@ -288,9 +288,11 @@ def _check_sequence_divisible(tp: int):
     def hook(_mod, args, kwargs):
         ids = args[0] if args else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] % tp:
+            # unpacked batches are padded to their longest row, so this can strike at any step, not the first
             raise ValueError(f"sequence_parallel: sequence length {ids.shape[1]} (input_ids {list(ids.shape)}) is not "
-                             f"divisible by tensor_parallel_degree={tp}; pad batches to max_length (a multiple of "
-                             f"{tp}), as PaddleNLP does under sequence_parallel")
+                             f"divisible by tensor_parallel_degree={tp}; pad every batch to max_length (a multiple of "
+                             f"{tp}), as PaddleNLP does under sequence_parallel: zero_padding: true (packs) or "
+                             f"pad_to_max_length: true, else pad_to_multiple_of: {tp}")
     return hook
 
 

@@ -91,3 +91,18 @@ def test_merge_refuses_the_base_model_directory_as_output(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"is the base model's directory \(HuggingFaceTB/SmolLM2-135M-Instruct\)"):
         mod.main(["--lora_path", str(tmp_path / "lora"), "--model_name_or_path", "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "--output_path", str(tmp_path / "home" / "SmolLM2-135M-Instruct")])
+
+
+def test_sequence_parallel_odd_length_error_names_the_keys():
+    """``sequence_parallel`` with ``zero_padding: false``: batches are padded to their longest row, so a run trained
+    step 1 and died at step 2 on an odd length, telling the user to "pad batches to max_length" without saying how.
+    The error now names the keys that do it (checked: ``pad_to_multiple_of: 2`` then trains 6 steps under TP 2)."""
+    import torch
+
+    from paddlenlp_ext.distributed.parallelize import _check_sequence_divisible
+
+    hook = _check_sequence_divisible(2)
+    hook(None, (torch.zeros(1, 44, dtype=torch.long),), {})  # even: passes
+    with pytest.raises(ValueError, match=r"sequence length 45 .* zero_padding: true \(packs\) or "
+                                         r"pad_to_max_length: true, else pad_to_multiple_of: 2"):
+        hook(None, (torch.zeros(1, 45, dtype=torch.long),), {})
