@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from typing import Callable, Dict, Iterator, List, Optional
+
+logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
 #: ``context`` keys that clash with ``tokenizer.apply_chat_template``'s own arguments (or the render's ``messages``)
@@ -156,7 +159,16 @@ def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
             found = sorted(glob.glob(os.path.join(path, split, "*.json")))
             if found:
                 files[split] = found
+            # PaddleNLP's layout reads *.json only: a part named *.jsonl was skipped without a word
+            skipped = sorted(glob.glob(os.path.join(path, split, "*.jsonl")))
+            if skipped and files:
+                names = ", ".join(os.path.basename(f) for f in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+                logger.warning("%s: %d file(s) ignored (%s): the %s split reads %s/*.json only; rename them to "
+                               ".json to use them", os.path.join(path, split), len(skipped), names, split, split)
     if not files:
+        near = sorted(glob.glob(os.path.join(path, "*.jsonl")) + glob.glob(os.path.join(path, "*", "*.jsonl")))
+        hint = (f" (found {', '.join(os.path.relpath(f, path) for f in near[:3])}: the files must be named .json, "
+                "e.g. train.jsonl -> train.json)") if near else ""
         raise ValueError(f"{path}: no data found; expected {path}/train.json (+ dev.json) or "
-                         f"{path}/train/*.json (+ dev/*.json), jsonl of {{\"src\", \"tgt\"}}")
+                         f"{path}/train/*.json (+ dev/*.json), jsonl of {{\"src\", \"tgt\"}}{hint}")
     return files

@@ -194,3 +194,23 @@ def test_resume_with_the_same_hyperparameters_logs_nothing(make_args, tiny_model
         Trainer(tiny_model(), make_args(**{**kw, "max_steps": 3}), train_dataset=PackDataset(n=8)
                 ).train(resume_from_checkpoint=True)
     assert "resuming with this run's" not in caplog.text
+
+
+def test_sft_split_dir_with_jsonl_parts_warns_and_a_jsonl_only_dir_names_the_rename(tmp_path, caplog):
+    # was: <dir>/train/part-1.jsonl next to part-0.json was skipped without a word (PaddleNLP's layout reads
+    # *.json only), and a dir holding train.jsonl / dev.jsonl (the name the preference data uses) got "no data
+    # found" without saying that the files were there under another extension
+    from paddlenlp_ext.datasets.jsonl import sft_data_files
+
+    row = json.dumps({"src": "a", "tgt": "b"}) + "\n"
+    (tmp_path / "d" / "train").mkdir(parents=True)
+    (tmp_path / "d" / "train" / "part-0.json").write_text(row)
+    (tmp_path / "d" / "train" / "part-1.jsonl").write_text(row)
+    with caplog.at_level(logging.WARNING):
+        files = sft_data_files(str(tmp_path / "d"))
+    assert [os.path.basename(f) for f in files["train"]] == ["part-0.json"]
+    assert "1 file(s) ignored (part-1.jsonl)" in caplog.text and "rename them to .json" in caplog.text
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "train.jsonl").write_text(row)
+    with pytest.raises(ValueError, match=r"no data found.*found train\.jsonl: the files must be named \.json"):
+        sft_data_files(str(tmp_path / "e"))
