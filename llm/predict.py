@@ -46,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                        "/quit or Ctrl-D quits; the oldest turns are dropped past --src_length.")
     p.add_argument("--model_name_or_path", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                    help="local HF directory, or HuggingFaceTB/SmolLM2-135M-Instruct (embedded)")
+    p.add_argument("--tokenizer_name_or_path", default=None,
+                   help="tokenizer directory (PaddleNLP's training key); default: the model's, or for a LoRA adapter "
+                        "its own tokenizer files, else its base's")
     p.add_argument("--prompt", default=None, help="one user message; without it, read prompts interactively")
     p.add_argument("--system", default=None, help="optional system message")
     p.add_argument("--max_new_tokens", type=int, default=128)
@@ -64,12 +67,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_model_and_tokenizer(path: str, dtype: str):
+def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str | None = None):
     """``(model, tokenizer)`` for a model directory / name, or for a LoRA adapter directory (base + merged adapter).
+    ``tokenizer_name_or_path`` (optional) loads the tokenizer from there instead, e.g. for a model directory saved
+    without tokenizer files (the loader's error for such a directory names this key).
 
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing.
     """
+    # first: a wrong tokenizer path fails before the model is loaded
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name_or_path) if tokenizer_name_or_path else None
     if os.path.isfile(os.path.join(path, TRAINER_STATE)):
         raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
                          "directory: pass the run's output_dir (its final model), or resume training from it")
@@ -83,8 +90,10 @@ def load_model_and_tokenizer(path: str, dtype: str):
                              "and paddlenlp_ext.peft.load_lora yourself, or train with merge_weights: true")
         print(f"[predict] {path} is a LoRA adapter: loading its base {base} and merging the adapter",
               file=sys.stderr)
-        return load_merged_lora(path, base, dtype)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
+        model, own = load_merged_lora(path, base, dtype)
+        return model, (own if tokenizer is None else tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, (AutoTokenizer.from_pretrained(path) if tokenizer is None else tokenizer)
 
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
@@ -211,7 +220,7 @@ def main(argv=None) -> int:
                          "use --device cpu")
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype)
+    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype, args.tokenizer_name_or_path)
     model = model.to(args.device)
     cap = prompt_cap(model, args.max_new_tokens, args.src_length)
     gen = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
