@@ -76,6 +76,8 @@ def _unwrap_optional(tp) -> Tuple[Any, bool]:
 
 
 def _type_name(tp) -> str:
+    if typing.get_origin(tp) is typing.Union:  # Union[str, bool] -> "str or bool" (its __name__ is "Union")
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

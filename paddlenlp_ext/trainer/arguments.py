@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from .argparser import PdArgumentParser, inert
 
@@ -202,8 +202,9 @@ class TrainingArguments:
         help="PaddleNLP unified (HF-style, TP-merged) checkpoints."))
     unified_checkpoint_config: str = field(default="", metadata=inert("see unified_checkpoint",
                                                                       help="Unified checkpoint options."))
-    resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help(
-        "Checkpoint dir to resume from ('auto'/'true' is not supported: give the path)."))
+    resume_from_checkpoint: Optional[Union[str, bool]] = field(default=None, metadata=_help(
+        "Checkpoint dir to resume from, or true (JSON true or the string) for the latest checkpoint-<step> in "
+        "output_dir, as PaddleNLP's Trainer.train; false/null = the default (a rerun resumes the latest anyway)."))
     ignore_data_skip: bool = field(default=False, metadata=_help("On resume, do not skip already-seen data."))
     load_best_model_at_end: bool = field(default=False, metadata=inert("no best-model tracking",
                                                                        help="Reload the best checkpoint at the end."))
@@ -279,6 +280,13 @@ class TrainingArguments:
             e.check(not bad, f"report_to supports 'tensorboard', 'visualdl' (written as TensorBoard events) or "
                              f"'none', got {bad}; e.g. --report_to tensorboard, or --report_to [] for no logger")
         e.raise_if_any(type(self).__name__)
+        # one spelling for the launchers: True/"true" -> "true", False/"false"/"none"/"" -> None (PaddleNLP's Trainer
+        # takes a bool True; JSON true was refused by the parser and JSON false counted as "given")
+        resume = self.resume_from_checkpoint
+        if resume is True or (isinstance(resume, str) and resume.strip().lower() == "true"):
+            self.resume_from_checkpoint = "true"
+        elif resume is False or (isinstance(resume, str) and resume.strip().lower() in ("", "false", "none")):
+            self.resume_from_checkpoint = None
         if self.save_total_limit is not None and self.save_total_limit <= 0 and self.save_strategy != "no":
             # Hugging Face / PaddleNLP: save_total_limit <= 0 keeps every checkpoint (their _rotate_checkpoints
             # returns early); kept so their configs run, but said aloud: 0 reads like "keep none" (unless

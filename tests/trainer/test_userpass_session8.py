@@ -214,3 +214,18 @@ def test_sft_split_dir_with_jsonl_parts_warns_and_a_jsonl_only_dir_names_the_ren
     (tmp_path / "e" / "train.jsonl").write_text(row)
     with pytest.raises(ValueError, match=r"no data found.*found train\.jsonl: the files must be named \.json"):
         sft_data_files(str(tmp_path / "e"))
+
+
+@pytest.mark.parametrize("value, want", [(True, "true"), ("true", "true"), (False, None), ("false", None),
+                                         (None, None), ("/x/checkpoint-4", "/x/checkpoint-4")])
+def test_resume_from_checkpoint_takes_json_true_and_false(tmp_path, value, want):
+    # was: "resume_from_checkpoint": true (PaddleNLP's Trainer takes the bool: latest checkpoint) was refused with
+    # "expected a string, got bool True", while the string "true" worked and an error even suggested "true"; and
+    # false / "false" counted as given, so overwrite_output_dir warned "it is resumed" and removed nothing
+    from paddlenlp_ext.trainer.arguments import parse_sft_args
+
+    cfg = tmp_path / "sft.json"
+    cfg.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "dataset_name_or_path": "data/sft",
+                               "resume_from_checkpoint": value}))
+    _, _, training_args = parse_sft_args([str(cfg)])
+    assert training_args.resume_from_checkpoint == want
