@@ -204,7 +204,8 @@ class TrainingArguments:
                                                                       help="Unified checkpoint options."))
     resume_from_checkpoint: Optional[Union[str, bool]] = field(default=None, metadata=_help(
         "Checkpoint dir to resume from, or true (JSON true or the string) for the latest checkpoint-<step> in "
-        "output_dir, as PaddleNLP's Trainer.train; false/null = the default (a rerun resumes the latest anyway)."))
+        "output_dir, as PaddleNLP's Trainer.train; false = do not resume (start at step 0); null = the default "
+        "(a rerun resumes the latest checkpoint)."))
     ignore_data_skip: bool = field(default=False, metadata=_help("On resume, do not skip already-seen data."))
     load_best_model_at_end: bool = field(default=False, metadata=inert("no best-model tracking",
                                                                        help="Reload the best checkpoint at the end."))
@@ -280,13 +281,10 @@ class TrainingArguments:
             e.check(not bad, f"report_to supports 'tensorboard', 'visualdl' (written as TensorBoard events) or "
                              f"'none', got {bad}; e.g. --report_to tensorboard, or --report_to [] for no logger")
         e.raise_if_any(type(self).__name__)
-        # one spelling for the launchers: True/"true" -> "true", False/"false"/"none"/"" -> None (PaddleNLP's Trainer
-        # takes a bool True; JSON true was refused by the parser and JSON false counted as "given")
-        resume = self.resume_from_checkpoint
-        if resume is True or (isinstance(resume, str) and resume.strip().lower() == "true"):
-            self.resume_from_checkpoint = "true"
-        elif resume is False or (isinstance(resume, str) and resume.strip().lower() in ("", "false", "none")):
-            self.resume_from_checkpoint = None
+        # JSON true / false (PaddleNLP's Trainer takes the bools) as the strings the launchers already take: "true" =
+        # the latest checkpoint, "false" = given but no resume (start from step 0, as PaddleNLP with False)
+        if isinstance(self.resume_from_checkpoint, bool):
+            self.resume_from_checkpoint = str(self.resume_from_checkpoint).lower()
         if self.save_total_limit is not None and self.save_total_limit <= 0 and self.save_strategy != "no":
             # Hugging Face / PaddleNLP: save_total_limit <= 0 keeps every checkpoint (their _rotate_checkpoints
             # returns early); kept so their configs run, but said aloud: 0 reads like "keep none" (unless

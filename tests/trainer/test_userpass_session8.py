@@ -216,12 +216,12 @@ def test_sft_split_dir_with_jsonl_parts_warns_and_a_jsonl_only_dir_names_the_ren
         sft_data_files(str(tmp_path / "e"))
 
 
-@pytest.mark.parametrize("value, want", [(True, "true"), ("true", "true"), (False, None), ("false", None),
+@pytest.mark.parametrize("value, want", [(True, "true"), ("true", "true"), (False, "false"), ("false", "false"),
                                          (None, None), ("/x/checkpoint-4", "/x/checkpoint-4")])
 def test_resume_from_checkpoint_takes_json_true_and_false(tmp_path, value, want):
-    # was: "resume_from_checkpoint": true (PaddleNLP's Trainer takes the bool: latest checkpoint) was refused with
-    # "expected a string, got bool True", while the string "true" worked and an error even suggested "true"; and
-    # false / "false" counted as given, so overwrite_output_dir warned "it is resumed" and removed nothing
+    # was: "resume_from_checkpoint": true / false (PaddleNLP's Trainer takes the bools: the latest checkpoint / no
+    # resume) were refused with "expected a string, got bool True", while the strings "true" / "false" worked and
+    # an error even suggested "true"
     from paddlenlp_ext.trainer.arguments import parse_sft_args
 
     cfg = tmp_path / "sft.json"
