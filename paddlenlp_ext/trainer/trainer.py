@@ -282,8 +282,14 @@ class Trainer:
                 self.state.micro_batches_in_epoch += 1
                 yield batch
             if self.state.micro_batches_in_epoch == 0:
+                detail = ""
+                if hasattr(self.train_dataset, "__len__"):
+                    drop = " with dataloader_drop_last=true" if getattr(self.args, "dataloader_drop_last", False) else ""
+                    detail = (f": {len(self.train_dataset)} pack(s) for {self.dp.size} rank(s) x "
+                              f"per_device_train_batch_size={bs}{drop}")
                 raise ValueError("the train dataset yields no batch (empty after packing, or fewer packs than "
-                                 "data-parallel ranks x batch size)")
+                                 f"data-parallel ranks x batch size{detail}); lower per_device_train_batch_size, set "
+                                 "dataloader_drop_last false, or add data")
             self.state.epoch += 1
             self.state.micro_batches_in_epoch = 0
 

@@ -229,3 +229,13 @@ def test_resume_from_checkpoint_takes_json_true_and_false(tmp_path, value, want)
                                "resume_from_checkpoint": value}))
     _, _, training_args = parse_sft_args([str(cfg)])
     assert training_args.resume_from_checkpoint == want
+
+
+def test_no_train_batch_error_names_the_counts_and_the_keys(make_args, tiny_model):
+    # was: "the train dataset yields no batch (empty after packing, or fewer packs than data-parallel ranks x batch
+    # size)": no numbers, and neither dataloader_drop_last (the cause here) nor a fix named
+    args = make_args(per_device_train_batch_size=8, dataloader_drop_last=True, max_steps=1)
+    with pytest.raises(ValueError, match=r"3 pack\(s\) for 1 rank\(s\) x per_device_train_batch_size=8 with "
+                                         r"dataloader_drop_last=true\); lower per_device_train_batch_size, set "
+                                         r"dataloader_drop_last false"):
+        Trainer(tiny_model(), args, train_dataset=PackDataset(n=3)).train()
