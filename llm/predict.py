@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=128)
     p.add_argument("--src_length", type=int, default=None,
                    help="prompt cap in tokens (PaddleNLP's name); the oldest turns are dropped past it. Default: "
-                        "the model's max_position_embeddings - max_new_tokens")
+                        "the model's max_position_embeddings - max_new_tokens, also its largest allowed value")
     p.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top_k", type=int, default=0)
@@ -197,18 +197,26 @@ def interactive(conv: Conversation, respond: Callable[[list[int]], str], read: C
 
 
 def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
-    """``src_length`` or ``max_position_embeddings - max_new_tokens``; ValueError when that leaves no room."""
-    if src_length is not None:
-        if src_length < 1:
-            raise ValueError(f"--src_length must be >= 1, got {src_length}")
-        return src_length
+    """``src_length`` or ``max_position_embeddings - max_new_tokens``: the prompt cap in tokens.
+
+    Raises:
+        ValueError: ``src_length < 1``; no room for a prompt; or ``src_length + max_new_tokens`` past the model's
+            ``max_position_embeddings`` (PaddleNLP's ``create_predictor`` refuses that sum too: tokens past it sit
+            at positions the model never trained on, and the KV cache is allocated for all of them up front).
+    """
+    if src_length is not None and src_length < 1:
+        raise ValueError(f"--src_length must be >= 1, got {src_length}")
     max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not max_pos:
-        return 1 << 30  # the model states no limit
+        return src_length if src_length is not None else 1 << 30  # the model states no limit
     if max_pos - max_new_tokens < 1:
         raise ValueError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
                          f"max_position_embeddings {max_pos}; lower --max_new_tokens")
-    return max_pos - max_new_tokens
+    if src_length is not None and src_length + max_new_tokens > max_pos:
+        raise ValueError(f"--src_length {src_length} + --max_new_tokens {max_new_tokens} = "
+                         f"{src_length + max_new_tokens} > the model's max_position_embeddings {max_pos}; lower them "
+                         f"(e.g. --src_length {max_pos - max_new_tokens}, or leave --src_length out for that default)")
+    return max_pos - max_new_tokens if src_length is None else src_length
 
 
 def main(argv=None) -> int:
