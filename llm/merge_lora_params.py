@@ -90,6 +90,9 @@ def main(argv=None) -> int:
                          "apply it twice; give a new directory")
     if os.path.exists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"--output_path {args.output_path} exists and is not a directory")
+    if os.path.isfile(os.path.join(out, ADAPTER_CONFIG_NAME)):
+        raise ValueError(f"--output_path {args.output_path} holds a LoRA adapter ({ADAPTER_CONFIG_NAME}); beside it "
+                         "transformers (with peft) would apply that adapter to the merged weights. Give a new directory")
     blocker = _file_ancestor(out)
     if blocker:
         raise NotADirectoryError(f"--output_path {args.output_path}: cannot create it, {blocker} is a file; "

@@ -239,3 +239,23 @@ def test_no_train_batch_error_names_the_counts_and_the_keys(make_args, tiny_mode
                                          r"dataloader_drop_last=true\); lower per_device_train_batch_size, set "
                                          r"dataloader_drop_last false"):
         Trainer(tiny_model(), args, train_dataset=PackDataset(n=3)).train()
+
+
+def test_merge_lora_params_refuses_an_output_dir_holding_an_adapter(tmp_path):
+    # was: --output_path <another LoRA run's output_dir> wrote the merged weights beside that adapter's files, so
+    # transformers (with peft) loads the merged model with that adapter applied on top (the reason --output_path =
+    # --lora_path is refused); the base-directory case is refused since 0b88f9d
+    from paddlenlp_ext.peft import apply_lora, save_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+    from tests._scripts import load_script
+    from tests.trl._tiny import make_tiny_model_dir
+
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 2})
+    save_lora(model, str(tmp_path / "adapter"), base_model_name_or_path=base)
+    save_lora(model, str(tmp_path / "other_adapter"), base_model_name_or_path=base)
+    merge = load_script("llm/merge_lora_params.py")
+    with pytest.raises(ValueError, match=r"holds a LoRA adapter \(adapter_config\.json\)"):
+        merge.main(["--lora_path", str(tmp_path / "adapter"), "--output_path", str(tmp_path / "other_adapter")])
+    assert not os.path.exists(tmp_path / "other_adapter" / "model.safetensors")
+    assert merge.main(["--lora_path", str(tmp_path / "adapter"), "--output_path", str(tmp_path / "merged")]) == 0
