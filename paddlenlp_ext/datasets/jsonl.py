@@ -137,7 +137,8 @@ def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
     omitted.
 
     Raises:
-        ValueError: the path does not exist, or the directory holds neither layout.
+        ValueError: the path does not exist, the directory holds neither layout, or it mixes them
+            (``dev.json`` beside ``train/*.json``: the split directory would be ignored).
     """
     path = dataset_name_or_path
     if path is None:
@@ -154,6 +155,16 @@ def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
             p = os.path.join(path, f"{split}.json")
             if os.path.isfile(p):
                 files[split] = [p]
+        # the flat layout wins as soon as train.json or dev.json exists (PaddleNLP's rule): a split kept in its
+        # directory beside it was ignored, and the launcher then said "no train split (train.json or train/*.json)"
+        mixed = [s for s in ("train", "dev") if s not in files and glob.glob(os.path.join(path, s, "*.json"))]
+        if mixed:
+            flat = " and ".join(f"{s}.json" for s in files)
+            dirs = " and ".join(f"{s}/*.json" for s in mixed)
+            raise ValueError(f"{path}: mixes the two data layouts, {flat} beside {dirs}: when train.json or dev.json "
+                             f"exists only <split>.json files are read (PaddleNLP's rule), so {dirs} would be "
+                             f"ignored. Use one layout: concatenate {mixed[0]}/*.json into {mixed[0]}.json, or move "
+                             f"each <split>.json into <split>/")
     else:
         for split in SPLITS:
             found = sorted(glob.glob(os.path.join(path, split, "*.json")))
