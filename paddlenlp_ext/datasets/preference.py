@@ -32,6 +32,7 @@ Differences from PaddleNLP, each deliberate:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -210,6 +211,7 @@ def tokenize_preference_example(
     max_prompt_len: int,
     layout: str = "dpo",
     use_chat_template: Optional[bool] = None,
+    stats: Optional[dict] = None,
 ) -> Optional[dict]:
     """Tokenize, truncate and lay out one example (see the module docstring).
 
@@ -220,6 +222,7 @@ def tokenize_preference_example(
         max_prompt_len: prompt tokens kept (from the end) when the example is too long.
         layout: ``"dpo"`` or ``"rm"``.
         use_chat_template: None = use the tokenizer's template if it has one.
+        stats: optional dict; ``stats["truncated"]`` is incremented when the example had to be cut.
 
     Returns:
         dict of lists (length ``S``): ``input_ids``, ``position_ids``, ``attn_mask_startend_row_indices``, and
@@ -247,6 +250,8 @@ def tokenize_preference_example(
     if cut is None:
         return None
     p, a, b, truncated = cut
+    if truncated and stats is not None:
+        stats["truncated"] = stats.get("truncated", 0) + 1
     if not truncated:  # add whole history turns, newest first, while they fit (re-rendered for templates)
         for h in range(len(ex.tgt), 0, -1):
             ph = encode_prompt(tokenizer, ex.src[-h - 1:], ex.tgt[-h:], use_chat_template)
@@ -287,18 +292,27 @@ class _TokenizedPreferenceStream:
         self.path, self.tokenizer, self.layout = path, tokenizer, layout
         self.max_seq_len, self.max_prompt_len, self.use_chat_template = max_seq_len, max_prompt_len, use_chat_template
         self.stats: dict = {}
+        self._warned = False
 
     def __iter__(self):
-        self.stats = {"examples": 0, "skipped": 0}
+        self.stats = {"examples": 0, "skipped": 0, "truncated": 0}
         for ex in read_preference_jsonl(self.path):
             self.stats["examples"] += 1
             rec = tokenize_preference_example(ex, self.tokenizer, max_seq_len=self.max_seq_len,
                                               max_prompt_len=self.max_prompt_len, layout=self.layout,
-                                              use_chat_template=self.use_chat_template)
+                                              use_chat_template=self.use_chat_template, stats=self.stats)
             if rec is None:
                 self.stats["skipped"] += 1
                 continue
             yield rec
+        if not self._warned and (self.stats["truncated"] or self.stats["skipped"]):
+            self._warned = True  # once per file: a lazy stream is read again every epoch
+            # was silent: a too small max_seq_len cut most responses (their end token lost) without a word
+            logging.getLogger(__name__).warning(
+                "%s: %d of %d preference examples cut to fit max_seq_len=%d (PaddleNLP's rule: the prompt to its "
+                "last max_prompt_len=%d tokens, then the responses lose their tails, end token included)%s; raise "
+                "max_seq_len (and max_prompt_len) to keep them whole", self.path, self.stats["truncated"], self.stats["examples"], self.max_seq_len,
+                self.max_prompt_len, f", {self.stats['skipped']} dropped (no room left)" if self.stats["skipped"] else "")
 
 
 def create_preference_datasets(data_args, tokenizer, layout: str = "dpo", splits=("train", "dev")) -> dict:

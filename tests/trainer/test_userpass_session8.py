@@ -259,3 +259,24 @@ def test_merge_lora_params_refuses_an_output_dir_holding_an_adapter(tmp_path):
         merge.main(["--lora_path", str(tmp_path / "adapter"), "--output_path", str(tmp_path / "other_adapter")])
     assert not os.path.exists(tmp_path / "other_adapter" / "model.safetensors")
     assert merge.main(["--lora_path", str(tmp_path / "adapter"), "--output_path", str(tmp_path / "merged")]) == 0
+
+
+def test_truncated_preference_examples_are_counted_in_one_warning(tmp_path, caplog):
+    # was: run_dpo.py / run_reward.py cut examples longer than max_seq_len (responses losing their tails and end
+    # token) without a word; SFT warns about what it drops. Now one warning per file, also for a lazy stream read
+    # again every epoch
+    from paddlenlp_ext.datasets.preference import _TokenizedPreferenceStream
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model_dir(str(tmp_path / "m")))
+    pairs = write_pairs(str(tmp_path / "p.jsonl"), 6)
+    roomy = _TokenizedPreferenceStream(pairs, tok, 128, 64, "dpo", True)
+    with caplog.at_level(logging.WARNING):
+        assert len(list(roomy)) == 6
+    assert "preference examples cut" not in caplog.text
+    tight = _TokenizedPreferenceStream(pairs, tok, 12, 4, "dpo", True)
+    with caplog.at_level(logging.WARNING):
+        assert len(list(tight)) == 6 and len(list(tight)) == 6  # two epochs
+    assert caplog.text.count("6 of 6 preference examples cut to fit max_seq_len=12") == 1
+    assert "raise max_seq_len" in caplog.text
