@@ -146,6 +146,8 @@ def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
     8. ``ref_model_update_steps > 0`` with ``lora`` or ``reference_free`` (no reference model to update): warned.
     9. ``flash_mask`` sets ``use_flash_attention`` (PaddleNLP rule); ``flash_mask`` false is warned (the mask still
        goes through flashmask_attention).
+    10. ``lora`` with ``lora_path`` (not reference-free): warned that the reference is the base without that
+        adapter.
     """
     msgs: List[str] = []
 
@@ -183,6 +185,12 @@ def finalize_dpo_args(model_args: DPOModelArgument, data_args: DPODataArgument,
         warn(f"ref_model_update_steps={c.ref_model_update_steps} has no effect with "
              f"{'lora=true (the reference is the policy with its adapters disabled)' if c.lora else 'reference_free'}"
              "; remove it, or train without that setting to update a reference model")
+    if c.lora and m.lora_path and not c.reference_free:
+        # the usual pipeline (SFT LoRA, then DPO LoRA from that adapter) gets the base model as reference, silently
+        warn(f"lora_path={m.lora_path} with lora=true: the reference model is the policy with its adapters disabled, "
+             "the loaded one included, i.e. the base model without that adapter (PaddleNLP does the same), so "
+             "training starts away from the reference (rewards not 0 at step 0). For the adapter's model as the "
+             "reference, merge it first (llm/merge_lora_params.py) and set model_name_or_path to the merged model")
     if m.flash_mask:
         # PaddleNLP's run_dpo.py: flash_mask without use_flash_attention sets it (FlashMask needs it); nothing to say
         m.use_flash_attention = True
