@@ -51,6 +51,7 @@ class TrainerState:
     # saved): a resume with another per_device_train_batch_size or data-parallel size converts the count
     train_batch_size: int = 0  # per device
     data_parallel_size: int = 0
+    train_packs: int = 0  # len(train_dataset) (map-style; 0 = unknown): a resume on other packs is warned
 
 
 def _default_collator(items):
@@ -453,6 +454,7 @@ class Trainer:
         """Write ``output_dir/checkpoint-<global_step>`` (see ``checkpoint.py``); returns its path."""
         self.state.train_batch_size = int(self.args.per_device_train_batch_size)
         self.state.data_parallel_size = int(self.dp.size)
+        self.state.train_packs = _map_len(self.train_dataset)
         data_state = {"epoch": self.state.epoch, "micro_batches_in_epoch": self.state.micro_batches_in_epoch}
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, self.model, self.optimizer,
                                     self.lr_scheduler, asdict(self.state), data_state,
@@ -519,8 +521,15 @@ class Trainer:
         size or number of data ranks, the unconverted count skipped unseen packs (a larger batch) or repeated seen
         ones (a smaller one) silently; HF and PaddleNLP do the same. The epoch's consumed packs (a prefix of its
         order) are kept; when they do not fill whole new micro-batches, the count rounds down (a few packs are
-        seen again) with a warning.
+        seen again) with a warning. A train set that now packs into another number of packs (data or length keys
+        changed) is warned about: the position then means nothing.
         """
+        packs_now = _map_len(self.train_dataset)
+        if self.state.train_packs and packs_now and packs_now != self.state.train_packs:
+            logger.warning("the train data packs into %d packs, the checkpoint's run had %d (other data files, "
+                           "max_length / max_seq_len, src_length or packing keys): the resumed position in epoch %d "
+                           "no longer marks the packs already trained on. Resume with the same data keys, or start "
+                           "over (overwrite_output_dir true)", packs_now, self.state.train_packs, self.state.epoch)
         old_bs, old_dp = self.state.train_batch_size, self.state.data_parallel_size
         new_bs, new_dp = int(self.args.per_device_train_batch_size), int(self.dp.size)
         if not old_bs or not old_dp or (old_bs, old_dp) == (new_bs, new_dp):
@@ -555,6 +564,13 @@ class Trainer:
             with ckpt.explain_tokenizer_write_errors(self.tokenizer, output_dir):
                 self.tokenizer.save_pretrained(output_dir)
         return output_dir
+
+
+def _map_len(dataset) -> int:
+    """``len(dataset)`` of a map-style dataset, else 0."""
+    if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        return 0
+    return len(dataset)
 
 
 # param-group key -> the config key that sets it

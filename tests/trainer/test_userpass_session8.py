@@ -299,3 +299,19 @@ def test_dpo_lora_from_an_sft_adapter_warns_that_the_reference_is_the_bare_base(
         parse_dpo_args([str(cfg), "--lora_path", ""])  # a fresh adapter: the base is the right reference
         parse_dpo_args([str(cfg), "--loss_type", "simpo"])  # reference-free
     assert "adapters disabled, the loaded one" not in caplog.text
+
+
+def test_resume_on_data_that_packs_differently_warns(make_args, tiny_model, tmp_path, caplog):
+    # was silent: resumed with another max_length (or data file), the checkpoint's "N micro-batches into epoch E"
+    # pointed into a different list of packs, so some packs were never trained on and others twice
+    out = tmp_path / "out"
+    kw = dict(output_dir=str(out), save_strategy="steps", save_steps=2)
+    Trainer(tiny_model(), make_args(max_steps=2, **kw), train_dataset=PackDataset(n=16)).train()
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
+        Trainer(tiny_model(), make_args(max_steps=3, **kw), train_dataset=PackDataset(n=16)
+                ).train(resume_from_checkpoint=True)
+    assert "packs into" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
+        Trainer(tiny_model(), make_args(max_steps=4, **kw), train_dataset=PackDataset(n=12)
+                ).train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert "the train data packs into 12 packs, the checkpoint's run had 16" in caplog.text
