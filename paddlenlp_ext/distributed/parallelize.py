@@ -125,7 +125,7 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
     norms run ``SequenceParallel`` and the attention / MLP hidden-state inputs are all-gathered by a pre-hook.
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import RowwiseParallel, SequenceParallel
 
     config = _model_config(model)
     sp = parallel_dims.sequence_parallel
@@ -138,9 +138,11 @@ def llama_tp_plan(model: nn.Module, parallel_dims: ParallelDims) -> dict[str, An
     if vocab_split:
         plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
         if has_head:
-            plan["lm_head"] = ColwiseParallel(input_layouts=residual,
-                                              output_layouts=Shard(-1) if loss_par else Replicate(),
-                                              use_local_output=not loss_par)
+            # a LoRA-wrapped head (lora_target_modules naming lm_head) needs the LoRA style: the stock one walks
+            # its submodules' parameters by dotted name and fails ("parameter name can't contain '.'")
+            plan["lm_head"] = _colwise(_is_lora(model.lm_head), input_layouts=residual,
+                                       output_layouts=Shard(-1) if loss_par else Replicate(),
+                                       use_local_output=not loss_par)
     elif sp:
         raise ValueError(f"sequence_parallel needs vocab_size ({config.vocab_size}) divisible by "
                          f"tensor_parallel_degree ({parallel_dims.tp})")

@@ -63,6 +63,26 @@ def test_sharding_offload_on_cpu_trains_like_fsdp(job):
     assert all(abs(a - b) <= RTOL * abs(b) for a, b in zip(_losses(got), want)), (_losses(got), want)
 
 
+
+@pytest.mark.distributed
+def test_lora_on_lm_head_under_tp_trains_like_one_process(job):
+    """``lora_target_modules: "q_proj,lm_head"`` under ``tensor_parallel_degree: 2``: the LM head kept torch's stock
+    ``ColwiseParallel``, which walks the LoRALinear's submodule parameters by dotted name and died in
+    ``parallelize_module`` with KeyError "parameter name can't contain '.'". It now gets the LoRA style (``lora_B``
+    vocab-split like the head): losses equal one process's and the gathered adapter equals its adapter."""
+    from safetensors.torch import load_file
+
+    lora = {"lora": True, "lora_rank": 4, "lora_target_modules": "q_proj,lm_head", "learning_rate": 1e-2}
+    ref, _ = _launch(job, "lora_head_one", 1, **lora)
+    got, _ = _launch(job, "lora_head_tp2", 2, tensor_parallel_degree=2, tensor_parallel_output=True, **lora)
+    assert len(_losses(got)) == 2 and all(abs(a - b) <= RTOL * abs(b) for a, b in zip(_losses(got), _losses(ref)))
+    a = load_file(str(job / "out_lora_head_tp2" / "adapter_model.safetensors"))
+    b = load_file(str(job / "out_lora_head_one" / "adapter_model.safetensors"))
+    assert sorted(a) == sorted(b) and any("lm_head.lora_B" in k for k in a)
+    for k in a:  # whole (gathered) adapters, within the launcher bound of the one-process run
+        assert a[k].shape == b[k].shape and (a[k] - b[k]).abs().max() <= RTOL * b[k].abs().max(), k
+
+
 def test_merge_refuses_the_base_model_directory_as_output(tmp_path, monkeypatch):
     """``merge_lora_params.py --output_path <the base model's directory>`` replaced the base in place: the adapter's
     ``base_model_name_or_path`` then named merged weights, so ``predict.py`` on the adapter (or another merge)
