@@ -32,6 +32,7 @@ from .logging_utils import MetricsLogger
 from .loss import count_label_tokens, count_real_tokens, sft_loss
 from .mixed_precision import MasterWeights, precision_mode
 from .optimization import build_lr_scheduler, build_optimizer
+from .resume_config import convert_data_position, hyperparameters, map_len, reapply_hyperparameters
 from .trainer_utils import DataParallelView, ResumableSampler, ShardedIterable
 
 logger = logging.getLogger("paddlenlp_ext.trainer")
@@ -454,7 +455,7 @@ class Trainer:
         """Write ``output_dir/checkpoint-<global_step>`` (see ``checkpoint.py``); returns its path."""
         self.state.train_batch_size = int(self.args.per_device_train_batch_size)
         self.state.data_parallel_size = int(self.dp.size)
-        self.state.train_packs = _map_len(self.train_dataset)
+        self.state.train_packs = map_len(self.train_dataset)
         data_state = {"epoch": self.state.epoch, "micro_batches_in_epoch": self.state.micro_batches_in_epoch}
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, self.model, self.optimizer,
                                     self.lr_scheduler, asdict(self.state), data_state,
@@ -469,9 +470,9 @@ class Trainer:
             raise ValueError(f"{path} was written by {wrote}, not {type(self).__name__} (another kind of job in the "
                              "same output_dir): choose another output_dir, or set overwrite_output_dir true to "
                              "start over")
-        configured = _hyperparameters(self.optimizer, self.lr_scheduler)
+        configured = hyperparameters(self.optimizer, self.lr_scheduler)  # a load overwrites them: put them back
         trainer_state, data_state = ckpt.load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
-        self._reapply_hyperparameters(configured)
+        reapply_hyperparameters(self.optimizer, self.lr_scheduler, configured)
         if self.master_weights is not None:
             self.master_weights.mark_dirty()
         self.state = TrainerState(**{k: v for k, v in trainer_state.items() if k in TrainerState.__dataclass_fields__})
@@ -479,71 +480,11 @@ class Trainer:
         if data_state is not None:
             self.state.epoch = int(data_state["epoch"])
             self.state.micro_batches_in_epoch = int(data_state["micro_batches_in_epoch"])
-        self._convert_data_position()
+        convert_data_position(self.state, self.args.per_device_train_batch_size, self.dp.size, self.train_dataset)
         if bool(getattr(self.args, "ignore_data_skip", False)):
             self.state.micro_batches_in_epoch = 0  # PaddleNLP: restart the epoch's data from its beginning
         logger.info("resumed from %s at step %d (epoch %d, %d micro-batches in)", path, self.state.global_step,
                     self.state.epoch, self.state.micro_batches_in_epoch)
-
-    def _reapply_hyperparameters(self, configured: tuple[list[dict[str, Any]], list[float]]) -> None:
-        """Put this run's learning rate, weight decay, betas and eps back after a checkpoint load.
-
-        ``optimizer.load_state_dict`` restores every param group's hyper-parameters and ``LambdaLR`` its
-        ``base_lrs``, so a run resumed with another ``learning_rate`` (or ``weight_decay``, ``adam_beta*``,
-        ``adam_epsilon``, ``lora_plus_scale``) kept the checkpoint's values silently. PaddleNLP's optimizer and LR
-        scheduler states hold no such values (``LRScheduler.state_dict``: ``last_epoch``, ``last_lr``), so there the
-        config's values apply on resume; so they do here, and a change is logged. The current learning rate is
-        recomputed for the restored step (``base_lr * lr_lambda(last_epoch)``, as ``LambdaLR`` does).
-        """
-        groups, base_lrs = configured
-        restored_groups, restored_base = _hyperparameters(self.optimizer, self.lr_scheduler)
-        changed = {_HYPER_KEYS[k] for want, got in zip(groups, restored_groups) for k in want if want[k] != got.get(k)}
-        if base_lrs != restored_base:
-            changed.add("learning_rate")
-        if not changed:
-            return
-        for group, want in zip(self.optimizer.param_groups, groups):
-            group.update(want)
-        sched = self.lr_scheduler
-        sched.base_lrs = list(base_lrs)
-        lrs = [base * lam(sched.last_epoch) for base, lam in zip(sched.base_lrs, sched.lr_lambdas)]
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            group["lr"] = lr
-        sched._last_lr = lrs
-        logger.info("resuming with this run's %s (the checkpoint's differ; PaddleNLP's rule): learning rate now %g",
-                    ", ".join(sorted(changed)), lrs[0])
-
-    def _convert_data_position(self) -> None:
-        """Re-express the resumed ``micro_batches_in_epoch`` in this run's micro-batch shape.
-
-        The count was taken in micro-batches of the checkpoint's ``train_batch_size`` x ``data_parallel_size``
-        packs; the samplers skip ``count x per_device_train_batch_size`` packs per rank. Resumed with another batch
-        size or number of data ranks, the unconverted count skipped unseen packs (a larger batch) or repeated seen
-        ones (a smaller one) silently; HF and PaddleNLP do the same. The epoch's consumed packs (a prefix of its
-        order) are kept; when they do not fill whole new micro-batches, the count rounds down (a few packs are
-        seen again) with a warning. A train set that now packs into another number of packs (data or length keys
-        changed) is warned about: the position then means nothing.
-        """
-        packs_now = _map_len(self.train_dataset)
-        if self.state.train_packs and packs_now and packs_now != self.state.train_packs:
-            logger.warning("the train data packs into %d packs, the checkpoint's run had %d (other data files, "
-                           "max_length / max_seq_len, src_length or packing keys): the resumed position in epoch %d "
-                           "no longer marks the packs already trained on. Resume with the same data keys, or start "
-                           "over (overwrite_output_dir true)", packs_now, self.state.train_packs, self.state.epoch)
-        old_bs, old_dp = self.state.train_batch_size, self.state.data_parallel_size
-        new_bs, new_dp = int(self.args.per_device_train_batch_size), int(self.dp.size)
-        if not old_bs or not old_dp or (old_bs, old_dp) == (new_bs, new_dp):
-            return
-        packs = self.state.micro_batches_in_epoch * old_bs * old_dp  # of this epoch, over all data ranks
-        count, extra = divmod(packs, new_bs * new_dp)
-        logger.info("the checkpoint counted %d micro-batch(es) of %d pack(s) x %d data rank(s) in epoch %d; resuming "
-                    "with %d x %d: %d micro-batch(es) in", self.state.micro_batches_in_epoch, old_bs, old_dp,
-                    self.state.epoch, new_bs, new_dp, count)
-        if extra:
-            logger.warning("resuming with per_device_train_batch_size=%d x %d data rank(s) (the checkpoint used %d x "
-                           "%d): the %d pack(s) read in epoch %d do not fill whole micro-batches, so the last %d "
-                           "are read again", new_bs, new_dp, old_bs, old_dp, packs, self.state.epoch, extra)
-        self.state.micro_batches_in_epoch = count
 
     def save_model(self, output_dir: str | None = None) -> str:
         """Save the final model as a Hugging Face directory plus the tokenizer files; returns the directory.
@@ -564,26 +505,6 @@ class Trainer:
             with ckpt.explain_tokenizer_write_errors(self.tokenizer, output_dir):
                 self.tokenizer.save_pretrained(output_dir)
         return output_dir
-
-
-def _map_len(dataset) -> int:
-    """``len(dataset)`` of a map-style dataset, else 0."""
-    if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        return 0
-    return len(dataset)
-
-
-# param-group key -> the config key that sets it
-_HYPER_KEYS = {"initial_lr": "learning_rate", "weight_decay": "weight_decay", "betas": "adam_beta1/adam_beta2",
-               "eps": "adam_epsilon"}
-
-
-def _hyperparameters(optimizer, scheduler) -> tuple[list[dict[str, Any]], list[float]]:
-    """Per param group ``{initial_lr, weight_decay, betas, eps}`` (betas as a tuple of floats) and the scheduler's
-    ``base_lrs``: what a checkpoint load overwrites."""
-    groups = [{k: (tuple(float(b) for b in g[k]) if k == "betas" else float(g[k])) for k in _HYPER_KEYS if k in g}
-              for g in optimizer.param_groups]
-    return groups, [float(b) for b in scheduler.base_lrs]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

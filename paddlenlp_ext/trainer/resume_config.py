@@ -1,0 +1,97 @@
+"""Resuming a checkpoint under a changed config: what the checkpoint's state would silently override.
+
+- :func:`hyperparameters` / :func:`reapply_hyperparameters`: ``optimizer.load_state_dict`` restores every param
+  group's ``initial_lr``/``weight_decay``/``betas``/``eps`` and ``LambdaLR`` its ``base_lrs``, so a run resumed
+  with another ``learning_rate`` (or ``weight_decay``, ``adam_beta*``, ``adam_epsilon``, ``lora_plus_scale``) kept
+  the checkpoint's values. PaddleNLP's optimizer and LR scheduler states hold no such values
+  (``paddle.optimizer.lr.LRScheduler.state_dict``: ``last_epoch``, ``last_lr``), so there the config's values
+  apply on resume; so they do here, logged.
+- :func:`convert_data_position`: the saved "micro-batches into the epoch" counts micro-batches of the
+  checkpoint's ``per_device_train_batch_size`` x data-parallel size; it is re-expressed in this run's shape (HF and
+  PaddleNLP skip ``count`` micro-batches of the NEW size: unseen packs skipped, or seen ones repeated). A train set
+  that now packs into another number of packs is warned about.
+
+Used by :meth:`paddlenlp_ext.trainer.trainer.Trainer._load_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+logger = logging.getLogger("paddlenlp_ext.trainer")
+
+# param-group key -> the config key that sets it
+_HYPER_KEYS = {"initial_lr": "learning_rate", "weight_decay": "weight_decay", "betas": "adam_beta1/adam_beta2",
+               "eps": "adam_epsilon"}
+
+
+def map_len(dataset) -> int:
+    """``len(dataset)`` of a map-style dataset, else 0 (an iterable dataset, or None)."""
+    if dataset is None or isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        return 0
+    return len(dataset)
+
+
+def hyperparameters(optimizer, scheduler) -> tuple[list[dict[str, Any]], list[float]]:
+    """Per param group ``{initial_lr, weight_decay, betas, eps}`` (floats; betas a tuple of floats) and the
+    scheduler's ``base_lrs``: what a checkpoint load overwrites. Take it before the load."""
+    groups = [{k: (tuple(float(b) for b in g[k]) if k == "betas" else float(g[k])) for k in _HYPER_KEYS if k in g}
+              for g in optimizer.param_groups]
+    return groups, [float(b) for b in scheduler.base_lrs]
+
+
+def reapply_hyperparameters(optimizer, scheduler, configured: tuple[list[dict[str, Any]], list[float]]) -> list[str]:
+    """Put ``configured`` (:func:`hyperparameters` before the load) back after a checkpoint load.
+
+    The current learning rate is recomputed for the restored step (``base_lr * lr_lambda(last_epoch)``, as
+    ``LambdaLR`` does). Returns the config keys that differed from the checkpoint's (logged), [] when none did.
+    """
+    groups, base_lrs = configured
+    restored_groups, restored_base = hyperparameters(optimizer, scheduler)
+    changed = {_HYPER_KEYS[k] for want, got in zip(groups, restored_groups) for k in want if want[k] != got.get(k)}
+    if base_lrs != restored_base:
+        changed.add("learning_rate")
+    if not changed:
+        return []
+    for group, want in zip(optimizer.param_groups, groups):
+        group.update(want)
+    scheduler.base_lrs = list(base_lrs)
+    lrs = [base * lam(scheduler.last_epoch) for base, lam in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+    logger.info("resuming with this run's %s (the checkpoint's differ; PaddleNLP's rule): learning rate now %g",
+                ", ".join(sorted(changed)), lrs[0])
+    return sorted(changed)
+
+
+def convert_data_position(state, per_device_batch_size: int, data_ranks: int, train_dataset) -> None:
+    """Re-express ``state.micro_batches_in_epoch`` (a resumed ``TrainerState``) in this run's micro-batch shape.
+
+    The samplers skip ``count x per_device_train_batch_size`` packs per rank. The epoch's consumed packs (a prefix
+    of its order, over all ranks) are kept; when they do not fill whole new micro-batches, the count rounds down (a
+    few packs are read again) with a warning. No-op for a checkpoint that did not record its shape.
+    """
+    packs_now = map_len(train_dataset)
+    if state.train_packs and packs_now and packs_now != state.train_packs:
+        logger.warning("the train data packs into %d packs, the checkpoint's run had %d (other data files, "
+                       "max_length / max_seq_len, src_length or packing keys): the resumed position in epoch %d "
+                       "no longer marks the packs already trained on. Resume with the same data keys, or start "
+                       "over (overwrite_output_dir true)", packs_now, state.train_packs, state.epoch)
+    old_bs, old_dp = state.train_batch_size, state.data_parallel_size
+    new_bs, new_dp = int(per_device_batch_size), int(data_ranks)
+    if not old_bs or not old_dp or (old_bs, old_dp) == (new_bs, new_dp):
+        return
+    packs = state.micro_batches_in_epoch * old_bs * old_dp  # of this epoch, over all data ranks
+    count, extra = divmod(packs, new_bs * new_dp)
+    logger.info("the checkpoint counted %d micro-batch(es) of %d pack(s) x %d data rank(s) in epoch %d; resuming "
+                "with %d x %d: %d micro-batch(es) in", state.micro_batches_in_epoch, old_bs, old_dp, state.epoch,
+                new_bs, new_dp, count)
+    if extra:
+        logger.warning("resuming with per_device_train_batch_size=%d x %d data rank(s) (the checkpoint used %d x "
+                       "%d): the %d pack(s) read in epoch %d do not fill whole micro-batches, so the last %d are "
+                       "read again", new_bs, new_dp, old_bs, old_dp, packs, state.epoch, extra)
+    state.micro_batches_in_epoch = count
