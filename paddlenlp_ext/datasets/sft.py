@@ -68,12 +68,16 @@ def _render(tokenizer, messages, template, add_generation_prompt, context) -> st
                                          add_generation_prompt=add_generation_prompt, **context)
 
 
-def _rounds_plain(src: List[str], tgt: List[str], tokenizer, src_length: int) -> List[Tuple[List[int], List[int]]]:
-    """No template: turn i = (``[bos] + src_i`` capped at src_length, ``tgt_i + [eos]``)."""
+def _rounds_plain(src: List[str], tgt: List[str], tokenizer, src_length: int,
+                  capped: Optional[list] = None) -> List[Tuple[List[int], List[int]]]:
+    """No template: turn i = (``[bos] + src_i`` capped at src_length, ``tgt_i + [eos]``); the indices of capped
+    questions are appended to ``capped`` when given."""
     bos, eos = _bos_eos(tokenizer)
     rounds = []
-    for s, t in zip(src, tgt):
+    for i, (s, t) in enumerate(zip(src, tgt)):
         user = ([bos] if bos is not None else []) + _encode(tokenizer, s)
+        if capped is not None and len(user) > src_length:
+            capped.append(i)
         # PaddleNLP path A always right-truncates the source to src_length (BOS kept, tail cut)
         rounds.append((user[:src_length], _encode(tokenizer, t) + [eos]))
     return rounds
@@ -177,7 +181,7 @@ def _truncate(system: List[int], rounds, src_length: int, max_length: int, cut_l
 
 
 def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: int,
-                         chat_template=AUTO) -> Optional[Dict[str, List[int]]]:
+                         chat_template=AUTO, stats: Optional[dict] = None) -> Optional[Dict[str, List[int]]]:
     """Tokenize one validated SFT record (see :func:`paddlenlp_ext.datasets.jsonl.check_sft_record`).
 
     Args:
@@ -191,6 +195,8 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
         max_length: max tokens of the example before the shift (so ``len(input_ids) <= max_length - 1``).
         chat_template: ``"auto"`` (the tokenizer's template if it has one), None (no template), or a Jinja
             string.
+        stats: optional dict; ``stats["truncated"]`` is incremented when the example is returned but not whole
+            (older turns dropped; without a template also a question capped at ``src_length`` or the answer cut).
 
     Truncation (PaddleNLP): whole turns are kept from the newest backwards while they fit; the first older
     turn that does not fit stops it (older turns are dropped). If the newest turn alone does not fit: without
@@ -221,9 +227,12 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
             # starts with the template's prefix (BOS, default system prompt), not with the tail of a dropped
             # turn (e.g. the "\n" after its end-of-turn token); the prefix may push one more turn out
             first += len(rounds) - len(kept)
+        shortened = first > 0 or len(kept) < len(rounds)
     else:
-        system, rounds = [], _rounds_plain(src, tgt, tokenizer, src_length)
+        capped: list = []
+        system, rounds = [], _rounds_plain(src, tgt, tokenizer, src_length, capped)
         kept = _truncate(system, rounds, src_length, max_length, cut_last=True)
+        shortened = bool(capped) or sum(len(u) + len(b) for u, b in kept) < sum(len(u) + len(b) for u, b in rounds)
     ids, labels = list(system), [IGNORE_INDEX] * len(system)
     for user, bot in kept:
         ids += user + bot
@@ -232,6 +241,8 @@ def tokenize_sft_example(example: dict, tokenizer, src_length: int, max_length: 
     input_ids, labels = ids[:-1], labels[1:]
     if len(input_ids) < 1 or all(x == IGNORE_INDEX for x in labels):
         return None
+    if shortened and stats is not None:
+        stats["truncated"] = stats.get("truncated", 0) + 1
     n = len(input_ids)
     return {"input_ids": input_ids, "labels": labels, "position_ids": list(range(n)),
             "attn_mask_startend_row_indices": [n] * n}
@@ -241,20 +252,28 @@ def tokenize_sft_examples(examples: Iterable[dict], tokenizer, src_length: int, 
                           chat_template=AUTO, stats: Optional[dict] = None) -> Iterator[Dict[str, List[int]]]:
     """Tokenize a stream of records, dropping (and counting) the ones that cannot fit.
 
-    ``stats`` (optional dict) is updated with ``{"seen", "dropped"}``; when the stream ends with drops a
-    warning gives the count. Yields the dicts of :func:`tokenize_sft_example`.
+    ``stats`` (optional dict) is updated with ``{"seen", "dropped"}`` and ``"truncated"`` once an example is cut;
+    when the stream ends with drops or cuts, a warning gives each count and the key to raise. Yields the dicts of
+    :func:`tokenize_sft_example`.
     """
     stats = stats if stats is not None else {}
     stats.setdefault("seen", 0)
     stats.setdefault("dropped", 0)
     for ex in examples:
         stats["seen"] += 1
-        rec = tokenize_sft_example(ex, tokenizer, src_length, max_length, chat_template)
+        rec = tokenize_sft_example(ex, tokenizer, src_length, max_length, chat_template, stats)
         if rec is None:
             stats["dropped"] += 1
             continue
         yield rec
-    if stats["dropped"] and _template_of(tokenizer, chat_template):
+    templated = bool(_template_of(tokenizer, chat_template))
+    if stats.get("truncated"):  # was silent: older turns dropped, or (no template) questions / the newest answer cut
+        how = "older turns dropped" if templated else (f"older turns dropped, questions cut to src_length={src_length} "
+                                                       "tokens, or the newest answer cut to what is left")
+        logger.warning("%d of %d SFT examples kept only part of their text to fit max_length=%d (%s); raise "
+                       "max_length%s to keep them whole", stats["truncated"], stats["seen"], max_length, how,
+                       "" if templated else " (and src_length)")
+    if stats["dropped"] and templated:
         # src_length plays no part here (a templated turn is never cut): naming it sent users to the wrong key
         logger.warning("dropped %d of %d SFT examples whose newest turn does not fit whole in max_length=%d tokens "
                        "(with a chat template a turn is never cut, and src_length is not used): raise max_length, or "

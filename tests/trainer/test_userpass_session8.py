@@ -315,3 +315,26 @@ def test_resume_on_data_that_packs_differently_warns(make_args, tiny_model, tmp_
         Trainer(tiny_model(), make_args(max_steps=4, **kw), train_dataset=PackDataset(n=12)
                 ).train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert "the train data packs into 12 packs, the checkpoint's run had 16" in caplog.text
+
+
+@pytest.mark.parametrize("template", [True, False])
+def test_sft_examples_kept_in_part_are_counted_in_a_warning(tmp_path, caplog, template):
+    # was silent: older turns dropped to fit max_length (any template), questions capped at src_length and the
+    # newest answer cut (chat_template none, PaddleNLP's rule); only fully dropped examples were counted
+    from paddlenlp_ext.datasets.sft import tokenize_sft_examples
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from tests.trl._tiny import make_tiny_model_dir
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model_dir(str(tmp_path / "m")))
+    short = {"src": ["hello"], "tgt": ["fine"]}
+    long = {"src": ["hello how are you " * 3, "what is your name"], "tgt": ["fine thanks " * 3, "bot"]}
+    chat_template = "auto" if template else None
+    with caplog.at_level(logging.WARNING):
+        out = list(tokenize_sft_examples([short, long], tok, 8, 24, chat_template))
+    assert len(out) == 2
+    assert "1 of 2 SFT examples kept only part of their text to fit max_length=24" in caplog.text
+    assert ("src_length" in caplog.text) != template
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        list(tokenize_sft_examples([short], tok, 8, 24, chat_template))
+    assert "kept only part" not in caplog.text
