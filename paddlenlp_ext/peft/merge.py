@@ -21,6 +21,13 @@ def adapter_base_model(lora_path: str) -> str | None:
         return json.load(f).get("base_model_name_or_path") or None
 
 
+def _loadable(name: str) -> bool:
+    """A local directory, or a name the loader maps to one (the embedded SmolLM2)."""
+    from paddlenlp_ext.transformers.auto import SMOLLM2_NAMES
+
+    return os.path.isdir(name) or name.lower() in (n.lower() for n in SMOLLM2_NAMES)
+
+
 def load_merged_lora(lora_path: str, base: str, dtype="float32"):
     """``(model, tokenizer)``: ``base`` loaded in ``dtype`` with the adapter of ``lora_path`` folded in
     (:func:`load_lora` + :func:`merge_lora`: ``W + scaling * B @ A`` in fp32, rounded once to ``dtype``).
@@ -30,6 +37,8 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing or mismatched.
         ValueError: ``base`` is a random-init ERNIE preset name: a new load is another random model, not the one
             the adapter was trained on.
+        FileNotFoundError: ``base`` is the adapter's own ``base_model_name_or_path`` and no longer exists (names
+            ``adapter_config.json`` and the two fixes).
     """
     from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
     from paddlenlp_ext.transformers.ernie35 import is_preset
@@ -40,6 +49,14 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
                          "merged into the weights it was trained with. Train with merge_weights: true (the run "
                          "merges into its own base and writes <output_dir>/merged), or train LoRA on a saved model "
                          "directory (e.g. an SFT run's output_dir)")
+    if base == adapter_base_model(lora_path) and not _loadable(base):
+        # was: "model_name_or_path '<base>' is neither a local directory nor ..." for a directory the user never
+        # typed (predict.py --model_name_or_path named the adapter dir), with no word of adapter_config.json
+        raise FileNotFoundError(
+            f"{os.path.join(lora_path, ADAPTER_CONFIG_NAME)}: the adapter's base model {base!r} "
+            "(base_model_name_or_path) is not a local directory (moved or deleted?). Give the base explicitly "
+            "(llm/merge_lora_params.py --model_name_or_path <base dir>), or set base_model_name_or_path in that file "
+            "to where the base model is now")
     model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), lora_path))
     has_tok = any(os.path.isfile(os.path.join(lora_path, f)) for f in TOKENIZER_FILES)
     return model, AutoTokenizer.from_pretrained(lora_path if has_tok else base)

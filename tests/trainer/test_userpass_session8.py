@@ -338,3 +338,25 @@ def test_sft_examples_kept_in_part_are_counted_in_a_warning(tmp_path, caplog, te
     with caplog.at_level(logging.WARNING):
         list(tokenize_sft_examples([short], tok, 8, 24, chat_template))
     assert "kept only part" not in caplog.text
+
+
+def test_adapter_whose_base_moved_names_adapter_config_and_the_fixes(tmp_path):
+    # was: predict.py --model_name_or_path <adapter dir> (and merge_lora_params.py) said "model_name_or_path
+    # '<old base>' is neither a local directory nor the embedded default model", a path the user never typed,
+    # without naming adapter_config.json or --model_name_or_path of merge_lora_params.py
+    import shutil
+
+    from paddlenlp_ext.peft import apply_lora, load_merged_lora, save_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+    from tests.trl._tiny import make_tiny_model_dir
+
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    save_lora(apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 2}), str(tmp_path / "adapter"),
+              base_model_name_or_path=base)
+    shutil.move(base, tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json: the adapter's base model .*base' "
+                                                r"\(base_model_name_or_path\) is not a local directory.*"
+                                                r"--model_name_or_path <base dir>"):
+        load_merged_lora(str(tmp_path / "adapter"), base)
+    model, _ = load_merged_lora(str(tmp_path / "adapter"), str(tmp_path / "moved"))  # the explicit base works
+    assert model is not None
