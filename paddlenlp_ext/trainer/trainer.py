@@ -411,7 +411,7 @@ class Trainer:
                 ls, c, metrics = self.compute_loss(self.model, batch)
             if not real:  # a filler pass: keeps FSDP/TP collectives in step across data ranks, counts nothing
                 continue
-            loss_sum += ls.detach().double()
+            loss_sum += _local(ls).detach().double()  # replicated DTensor under loss_parallel -> plain tensor
             count += torch.as_tensor(c, device=self.device).double()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().double()

@@ -36,7 +36,8 @@ def job(tmp_path_factory, make_tiny_sft_job):
 
 
 def _launch(job, name: str, nproc: int, **over) -> dict:
-    """Run the launcher; return checkpoint-4's trainer_state (log_history of all 4 steps)."""
+    """Run the launcher; return checkpoint-4's trainer_state (log_history of all 4 steps), plus the printed
+    ``[summary]`` JSON under ``"summary"``."""
     out = job / ("out_" + over.pop("out", name))
     cfg = {"model_name_or_path": str(job / "model"), "dataset_name_or_path": str(job / "data"),
            "output_dir": str(out), "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
@@ -53,7 +54,10 @@ def _launch(job, name: str, nproc: int, **over) -> dict:
     proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stderr[-6000:]}"
-    return json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("[summary] ")]
+    state["summary"] = json.loads(summary[-1][len("[summary] "):]) if summary else {}
+    return state
 
 
 def _hist(state, key):
@@ -69,12 +73,16 @@ def _close(got, want):
 
 def test_launcher_tp2_loss_parallel_and_reshard_resume(job):
     ref = _launch(job, "one", 1)
-    tp = _launch(job, "tp2", 2, tensor_parallel_degree=2, tensor_parallel_output=True)
+    # do_eval: evaluate() under loss_parallel gets a DTensor loss (it raised an AssertionError before session 8)
+    tp = _launch(job, "tp2", 2, tensor_parallel_degree=2, tensor_parallel_output=True, do_eval=True)
     _close(tp, ref)
     # FSDP 2 run to step 4 (checkpoints 2 and 4), drop checkpoint-4, resume the same output_dir under TP 2.
     # do_eval: the launcher's "dev loss before" runs no-grad forwards before the optimizer exists.
     fsdp = _launch(job, "fsdp2", 2, sharding="stage2", per_device_train_batch_size=1, out="resh", do_eval=True)
     _close(fsdp, ref)
+    for key in ("dev_loss_before", "dev_loss_after"):  # the same model, evaluated under TP and under FSDP
+        a, b = tp["summary"][key], fsdp["summary"][key]
+        assert abs(a - b) <= RTOL * abs(b), (key, a, b)
     shutil.rmtree(job / "out_resh" / "checkpoint-4")
     resumed = _launch(job, "resume_tp2", 2, tensor_parallel_degree=2, out="resh")
     assert [h["step"] for h in resumed["log_history"]] == [1, 2, 3, 4]
