@@ -48,6 +48,8 @@ def policy_pair_logps(model: nn.Module, batch: dict, chunk_size: int = 1024) -> 
         return pair_logps_from_hidden(hidden, weight, batch, chunk_size)
     logits = model(batch["input_ids"], **kwargs)
     logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+    if hasattr(logits, "full_tensor"):  # vocab-sharded DTensor (TP with tensor_parallel_output, e.g. a LoRA head)
+        logits = logits.full_tensor()
     return pair_logps_from_logits(logits, batch, chunk_size)
 
 

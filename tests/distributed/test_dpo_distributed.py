@@ -76,3 +76,16 @@ def test_alignment_launchers_match_one_process(job, launcher, layout):
         assert w1.keys() == w2.keys() and "score.weight" in w2
         for k in w1:
             assert (w1[k] - w2[k]).abs().max() <= 1e-4 * max(w1[k].abs().max(), 1e-6), k
+
+
+def test_dpo_lora_head_tp2_loss_parallel_matches_one_process(job):
+    """LoRA on ``lm_head`` makes the head no plain ``nn.Linear``, so DPO takes the full-logits path; under TP 2 with
+    ``tensor_parallel_output`` those logits are a vocab-sharded DTensor (it raised "aten.index.Tensor got mixed
+    torch.Tensor and DTensor" before session 8)."""
+    lora = {"lora": True, "lora_rank": 4, "lora_target_modules": "q_proj,lm_head"}
+    ref = _launch(job, "run_dpo.py", "dpo_lora_head_single", 1, **lora)
+    two = _launch(job, "run_dpo.py", "dpo_lora_head_tp2", 2, tensor_parallel_degree=2, tensor_parallel_output=True,
+                  **lora)
+    assert len(ref) == len(two) == 3
+    for a, b in zip(two, ref):
+        assert abs(a - b) <= RTOL * abs(b), (two, ref)
