@@ -33,6 +33,7 @@ Differences from PaddleNLP, each deliberate:
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -283,6 +284,7 @@ def _layout(p: List[int], a: List[int], b: List[int], shift: int, sort_chosen) -
 
 # ------------------------------------------------------------------------------------------- datasets, collator
 REFERENCE_KEYS = ("reference_chosen_logps", "reference_rejected_logps")
+_DEFAULT_PATHS = {"train": "./data/train.jsonl", "dev": "./data/dev.jsonl"}  # DPO/RM DataArgument defaults
 
 
 class _TokenizedPreferenceStream:
@@ -337,6 +339,15 @@ def create_preference_datasets(data_args, tokenizer, layout: str = "dpo", splits
         tokenizer.chat_template = template
         use_template = True
     paths = {"train": data_args.train_dataset_path, "dev": data_args.dev_dataset_path}
+    for split in splits:  # before any tokenising, naming the key (a default path is easy to overlook)
+        path = paths.get(split)
+        if path and not os.path.exists(path):
+            key = f"{split}_dataset_path"
+            default = " (its default)" if path == _DEFAULT_PATHS[split] else ""
+            where = "" if os.path.isabs(path) else f", relative to the current directory {os.getcwd()}"
+            why = "do_eval or an evaluation_strategy" if split == "dev" else "do_train"
+            raise FileNotFoundError(f"{key}={path!r}{default} does not exist{where}: set {key} to a preference jsonl "
+                                    f"file (this run reads the {split} split for {why})")
     out = {}
     for split in splits:
         if not paths.get(split):

@@ -360,3 +360,22 @@ def test_adapter_whose_base_moved_names_adapter_config_and_the_fixes(tmp_path):
         load_merged_lora(str(tmp_path / "adapter"), base)
     model, _ = load_merged_lora(str(tmp_path / "adapter"), str(tmp_path / "moved"))  # the explicit base works
     assert model is not None
+
+
+def test_missing_preference_file_names_the_key_and_its_default(tmp_path, monkeypatch):
+    # was: "data file './data/dev.jsonl' does not exist" for a dpo.json without dev_dataset_path and do_eval true:
+    # the default path of a key the user never set, not named, and only after the train split was tokenised
+    from types import SimpleNamespace
+
+    from paddlenlp_ext.datasets.preference import create_preference_datasets
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model_dir(str(tmp_path / "m")))
+    monkeypatch.chdir(tmp_path)
+    train = write_pairs(str(tmp_path / "train.jsonl"), 2)
+    args = SimpleNamespace(train_dataset_path=train, dev_dataset_path="./data/dev.jsonl", max_seq_len=64,
+                           max_prompt_len=32, greedy_zero_padding=False, lazy=False, chat_template=None)
+    with pytest.raises(FileNotFoundError, match=r"dev_dataset_path='\./data/dev\.jsonl' \(its default\) does not "
+                                                r"exist, relative to the current directory .*set dev_dataset_path"):
+        create_preference_datasets(args, tok, splits=("train", "dev"))
