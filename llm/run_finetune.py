@@ -16,6 +16,7 @@ dev loss before/after, output directory) is printed last.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -133,6 +134,16 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
                                  f"tokenisation: none fits max_length={data_args.max_length} "
                                  f"(src_length={data_args.src_length}; see the 'dropped' warning above). Raise "
                                  f"max_length (and, with chat_template none, src_length) or shorten the examples")
+    sp = parallel_dims is not None and parallel_dims.sequence_parallel  # None: one process
+    if sp and not (data_args.zero_padding or data_args.pad_to_max_length):
+        # unpacked rows are padded to the batch's longest: sequence parallelism shards that length over the TP
+        # ranks, so round it to a multiple of tp (PaddleNLP pads to max_length there); the first odd-length batch
+        # stopped the run before
+        step, tp = data_args.pad_to_multiple_of or 1, parallel_dims.tp
+        data_args.pad_to_multiple_of = step * tp // math.gcd(step, tp)
+        if data_args.pad_to_multiple_of != step:
+            logger.info("sequence_parallel with unpacked batches: pad_to_multiple_of %d -> %d (a multiple of "
+                        "tensor_parallel_degree)", step, data_args.pad_to_multiple_of)
     trainer = Trainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                       data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
                       parallel_dims=parallel_dims)

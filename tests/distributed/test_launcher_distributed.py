@@ -118,3 +118,18 @@ def test_launcher_ernie_tp2_and_resume_in_one_process(ernie_job):
     resumed = _launch(ernie_job, "resume_one", 1, out="resh")
     assert [h["step"] for h in resumed["log_history"]] == [1, 2, 3, 4]
     _close(resumed, ref)
+
+
+def test_launcher_sequence_parallel_with_unpacked_batches(job):
+    """``sequence_parallel`` with unpacked rows (``flash_mask`` and ``zero_padding`` false): rows are padded to the batch's longest, so an odd length
+    could not be sharded over 2 ranks (the run died at the first such batch before session 8); the launcher now
+    rounds the padding up to a multiple of tensor_parallel_degree, which changes no loss."""
+    data = job / "data_varied"  # prompts of 1..24 words: rows of odd and even token counts
+    data.mkdir(exist_ok=True)
+    (data / "train.json").write_text("".join(json.dumps({"src": "word " * n + "?", "tgt": "yes " * (n % 3 + 1)}) + "\n"
+                                             for n in range(1, 25)))
+    one_row = dict(zero_padding=False, flash_mask=False, per_device_train_batch_size=1, gradient_accumulation_steps=4,
+                   dataset_name_or_path=str(data))
+    ref = _launch(job, "one_unpacked", 1, **one_row)
+    sp = _launch(job, "tp2_sp_unpacked", 2, tensor_parallel_degree=2, sequence_parallel=True, **one_row)
+    _close(sp, ref)
