@@ -128,8 +128,8 @@ def test_launcher_sequence_parallel_with_unpacked_batches(job):
     data.mkdir(exist_ok=True)
     (data / "train.json").write_text("".join(json.dumps({"src": "word " * n + "?", "tgt": "yes " * (n % 3 + 1)}) + "\n"
                                              for n in range(1, 25)))
-    one_row = dict(zero_padding=False, flash_mask=False, per_device_train_batch_size=1, gradient_accumulation_steps=4,
-                   dataset_name_or_path=str(data))
+    one_row = dict(zero_padding=False, flash_mask=False, per_device_train_batch_size=1,
+                   gradient_accumulation_steps=4, dataset_name_or_path=str(data))
     ref = _launch(job, "one_unpacked", 1, **one_row)
     sp = _launch(job, "tp2_sp_unpacked", 2, tensor_parallel_degree=2, sequence_parallel=True, **one_row)
     _close(sp, ref)
