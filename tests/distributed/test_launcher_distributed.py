@@ -121,9 +121,9 @@ def test_launcher_ernie_tp2_and_resume_in_one_process(ernie_job):
 
 
 def test_launcher_sequence_parallel_with_unpacked_batches(job):
-    """``sequence_parallel`` with unpacked rows (``flash_mask`` and ``zero_padding`` false): rows are padded to the batch's longest, so an odd length
-    could not be sharded over 2 ranks (the run died at the first such batch before session 8); the launcher now
-    rounds the padding up to a multiple of tensor_parallel_degree, which changes no loss."""
+    """``sequence_parallel`` with unpacked rows (``flash_mask`` and ``zero_padding`` false): rows are padded to the
+    batch's longest, so an odd length could not be sharded over 2 ranks (the run died at the first such batch before
+    session 8); the launcher now rounds the padding up to a multiple of tensor_parallel_degree: no loss changes."""
     data = job / "data_varied"  # prompts of 1..24 words: rows of odd and even token counts
     data.mkdir(exist_ok=True)
     (data / "train.json").write_text("".join(json.dumps({"src": "word " * n + "?", "tgt": "yes " * (n % 3 + 1)}) + "\n"
