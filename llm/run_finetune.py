@@ -79,8 +79,9 @@ def build_model(model_args, training_args):
         logger.info("LoRA: %d trainable parameters of %d", n_train, sum(p.numel() for p in model.parameters()))
         single_process = int(os.environ.get("WORLD_SIZE", "1")) <= 1
         if model_args.merge_weights and not single_process:
-            raise ValueError("merge_weights=true is supported in one process only: under torchrun save the "
-                             "adapter, then merge it with paddlenlp_ext.peft.load_lora + merge_lora")
+            raise ValueError("merge_weights=true is supported in one process only: under torchrun set "
+                             "merge_weights: false, then merge the saved adapter with `python "
+                             "llm/merge_lora_params.py --lora_path <output_dir> --output_path <dir>`")
         if training_args.bf16 and torch.cuda.is_available() and single_process:
             from paddlenlp_ext.peft import cast_frozen_base
 
