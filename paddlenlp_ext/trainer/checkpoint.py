@@ -253,7 +253,9 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
     Args:
         trainer_state: JSON-serialisable dict (global_step, epoch, log_history, ...).
         data_state: this rank's data position (any ``torch.save``-able dict).
-        save_total_limit: keep at most this many checkpoints (oldest removed), only after the new one is in place.
+        save_total_limit: keep at most this many checkpoints of steps <= ``step`` (oldest removed), only after the
+            new one is in place; checkpoints of later steps (an abandoned run resumed from an earlier checkpoint)
+            are left alone.
 
     Returns the final checkpoint path. On any error the temporary directory is removed (best effort) and the
     exception re-raised, so no half-written ``checkpoint-<step>`` ever exists and older checkpoints are untouched.
@@ -321,7 +323,10 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, trainer_
         raise
     _barrier()
     if rank == 0 and save_total_limit is not None and save_total_limit > 0:
-        for old_ckpt in list_checkpoints(out)[:-save_total_limit]:
+        # rotate among this run's steps only: after a resume from an earlier checkpoint, a later-step one left by
+        # the abandoned run sorted last, so the checkpoint just written was the one removed (and a rerun resumed
+        # the abandoned run); later-step checkpoints stay until this run overwrites them
+        for old_ckpt in [c for c in list_checkpoints(out) if checkpoint_step(c) <= step][:-save_total_limit]:
             shutil.rmtree(old_ckpt, ignore_errors=True)
     _barrier()
     return final

@@ -485,6 +485,12 @@ class Trainer:
             self.state.micro_batches_in_epoch = 0  # PaddleNLP: restart the epoch's data from its beginning
         logger.info("resumed from %s at step %d (epoch %d, %d micro-batches in)", path, self.state.global_step,
                     self.state.epoch, self.state.micro_batches_in_epoch)
+        later = [c.name for c in ckpt.list_checkpoints(self.args.output_dir)
+                 if ckpt.checkpoint_step(c) > self.state.global_step]
+        if later:
+            logger.warning("%s holds later checkpoints of another run (%s): they are replaced as this run reaches "
+                           "their steps; until then a rerun without resume_from_checkpoint resumes the latest of them",
+                           self.args.output_dir, ", ".join(later))
 
     def save_model(self, output_dir: str | None = None) -> str:
         """Save the final model as a Hugging Face directory plus the tokenizer files; returns the directory.

@@ -401,3 +401,22 @@ def test_dpo_sft_term_is_invariant_to_micro_batching():
     whole, _ = crit(pairs([0, 1]), None)
     split = crit(pairs([0]), None)[0] + crit(pairs([1]), None)[0]
     assert torch.allclose(whole / 2, split / 2)  # the trainer divides the step's loss_sum by its 2 pairs
+
+
+def test_rotation_after_resuming_an_earlier_checkpoint_keeps_the_new_one(make_args, tiny_model, tmp_path, caplog):
+    # was: checkpoints 2, 4, 6 of a first run; resumed from checkpoint-2 with save_total_limit 1, the run wrote its
+    # checkpoint-4 and the rotation (newest by step) removed it, keeping the first run's checkpoint-6: this run's
+    # progress was lost and a rerun resumed the abandoned run
+    out = tmp_path / "out"
+    kw = dict(output_dir=str(out), save_strategy="steps", save_steps=2)
+    Trainer(tiny_model(), make_args(max_steps=6, **kw), train_dataset=PackDataset(n=16)).train()
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    second = Trainer(tiny_model(), make_args(max_steps=4, save_total_limit=1, learning_rate=1e-3, **kw),
+                     train_dataset=PackDataset(n=16))
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
+        second.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert "later checkpoints of another run (checkpoint-4, checkpoint-6)" in caplog.text
+    assert sorted(os.listdir(out)) == ["checkpoint-4", "checkpoint-6"]
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    losses = [h["loss"] for h in state["log_history"] if "loss" in h]
+    assert losses == [h["loss"] for h in second.state.log_history if "loss" in h]  # this run's checkpoint-4
