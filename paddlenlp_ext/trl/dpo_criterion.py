@@ -135,8 +135,12 @@ class DPOCriterion(nn.Module):
     ``forward(policy, reference)`` returns ``(loss_sum, metrics)``:
 
     - ``loss_sum``: scalar, ``pref_loss_ratio * sum_pairs(loss) + sft_loss_ratio * N * sft``, where ``sft`` is
-      the token-mean NLL of the chosen responses of the micro-batch (PaddleNLP's ``sft_loss``). Divided by the
-      global number of pairs by the trainer, the first term is the pair mean of the preference loss.
+      the token-mean NLL of the chosen responses (PaddleNLP's ``sft_loss``). Divided by the global number of
+      pairs by the trainer, the first term is the pair mean of the preference loss. The token mean is over the
+      micro-batch (PaddleNLP), unless ``sft_scale`` is set: the trainer sets it to ``N_step / T_step`` (pairs and
+      chosen tokens of the whole optimizer step, all micro-batches and data ranks), and the term becomes
+      ``sft_loss_ratio * NLL_sum * sft_scale``, so after the trainer's division the SFT term is the token mean
+      over the step, whatever its split into micro-batches (PaddleNLP's depends on the split).
     - ``metrics``: detached float32 scalars, each a **sum over pairs** (divide by the pair count to get
       PaddleNLP's mean): ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
       ``logps/chosen``, ``logps/rejected``, ``{loss_type}_loss``, ``sft_loss`` and for ``or``
@@ -172,6 +176,7 @@ class DPOCriterion(nn.Module):
         self.pref_loss_ratio, self.sft_loss_ratio = pref_loss_ratio, sft_loss_ratio
         self.reference_free = reference_free or loss_type in NO_REFERENCE_LOSS_TYPES
         self.average_log_prob = loss_type in AVERAGE_LOGP_LOSS_TYPES
+        self.sft_scale: torch.Tensor | None = None  # N_step / T_step, set per optimizer step by DPOTrainer
 
     def _scaled(self, logps: PairLogps) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.average_log_prob:
@@ -195,11 +200,16 @@ class DPOCriterion(nn.Module):
         )  # [N]
         num_pairs = pc.shape[0]
         pref_sum = losses.sum() * self.pref_loss_ratio
-        # PaddleNLP's sft_loss: token-mean NLL over the chosen tokens of the micro-batch (before averaging).
-        sft = -policy.chosen.sum() / policy.chosen_tokens.sum().clamp(min=1).to(policy.chosen.dtype)
+        # PaddleNLP's sft_loss: token-mean NLL over the chosen tokens, here as N * mean (a sum over pairs, like the
+        # other terms): over the micro-batch, or over the whole step when the trainer set sft_scale = N / T
+        nll = -policy.chosen.sum()
+        if self.sft_scale is not None:
+            sft_sum = nll * self.sft_scale.to(nll.dtype)
+        else:
+            sft_sum = nll / policy.chosen_tokens.sum().clamp(min=1).to(nll.dtype) * num_pairs
         loss_sum = pref_sum
         if self.sft_loss_ratio != 0.0:
-            loss_sum = loss_sum + self.sft_loss_ratio * sft * num_pairs
+            loss_sum = loss_sum + self.sft_loss_ratio * sft_sum
 
         with torch.no_grad():
             r_c, r_r = self.beta * (pc - rc).detach().float(), self.beta * (pr - rr).detach().float()
@@ -211,7 +221,7 @@ class DPOCriterion(nn.Module):
                 "logps/chosen": pc.detach().float().sum(),
                 "logps/rejected": pr.detach().float().sum(),
                 f"{self.loss_type}_loss": pref_sum.detach().float(),
-                "sft_loss": sft.detach().float() * num_pairs,
+                "sft_loss": sft_sum.detach().float(),
             }
             if self.loss_type == "or":
                 log_odds = _log_odds(pc.detach().float(), pr.detach().float())

@@ -165,6 +165,18 @@ class DPOTrainer(Trainer):
         """Number of pairs in the micro-batch (rows of ``response_indexs``)."""
         return torch.tensor(batch["response_indexs"].shape[0])
 
+    def forward_backward(self, micro_batches):
+        """As the Trainer's, with the SFT term's token mean taken over the whole step: the criterion gets
+        ``sft_scale = pairs / chosen tokens`` of all micro-batches and data ranks (see ``DPOCriterion``)."""
+        pairs = sum(int(b["response_indexs"].shape[0]) for b in micro_batches)
+        tokens = sum(int(_token_counts(b)[0].sum()) for b in micro_batches)
+        both = self.dp.all_reduce_sum(torch.tensor([pairs, tokens], dtype=torch.int64, device=self.device))
+        self.criterion.sft_scale = both[0].double() / both[1].clamp(min=1).double()
+        try:
+            return super().forward_backward(micro_batches)
+        finally:
+            self.criterion.sft_scale = None
+
     def compute_loss(self, model, batch: dict):
         """``(loss_sum, num_pairs, metric_sums)`` of one preference micro-batch."""
         reference = self.reference_pair_logps(batch)

@@ -381,26 +381,40 @@ def test_missing_preference_file_names_the_key_and_its_default(tmp_path, monkeyp
         create_preference_datasets(args, tok, splits=("train", "dev"))
 
 
-@pytest.mark.xfail(strict=True, reason="found in session 8, not fixed: DPO's SFT term (sft_loss_ratio > 0, e.g. ORPO) "
-                   "is a token mean per micro-batch (PaddleNLP's sft_loss), so the step loss depends on how the "
-                   "pairs are split into micro-batches / data ranks, against the trainer contract (docs/design.md)")
-def test_dpo_sft_term_is_invariant_to_micro_batching():
-    # measured through run_dpo.py on a tiny model: step-1 sft_loss 10.8067 with 2 micro-batches of 1 pack and
-    # 10.8469 with 1 micro-batch of 2 packs (same pairs, same weights); with sft_loss_ratio > 0 the loss and its
-    # gradient differ the same way. Fix sketch: DPOTrainer counts the chosen tokens of the whole step (all
-    # micro-batches, all-reduced) before the forwards, and the criterion adds ratio * NLL_sum * N_step / T_step
-    from paddlenlp_ext.trl.dpo_criterion import DPOCriterion, PairLogps
+def test_dpo_sft_term_is_invariant_to_micro_batching(tmp_path):
+    # was: the SFT term (sft_loss_ratio > 0, e.g. ORPO) was a token mean per micro-batch (PaddleNLP's sft_loss), so
+    # the step's loss and gradient depended on how the pairs were split into micro-batches / data ranks (through
+    # run_dpo.py on a tiny model: step-1 sft_loss 10.8067 with 2 micro-batches of 1 pack, 10.8469 with 1 of 2);
+    # now DPOTrainer gives the criterion the step's pairs / chosen tokens and the term is the step's token mean
+    from paddlenlp_ext.datasets.preference import PreferenceCollator
+    from paddlenlp_ext.trainer.arguments import TrainingArguments
+    from paddlenlp_ext.transformers.llama import LlamaForCausalLM
+    from paddlenlp_ext.trl.arguments import DPOConfig
+    from paddlenlp_ext.datasets.zero_padding import ZeroPaddingMapDataset
+    from paddlenlp_ext.trl.dpo_trainer import DPOTrainer, _token_counts
+    from tests.trl._stub_tokenizer import WordTokenizer
+    from tests.trl.test_trl_packed_equivalence import EXAMPLES, L, _config, _records
 
-    crit = DPOCriterion(loss_type="or", beta=0.1, reference_free=True, sft_loss_ratio=1.0)
-    chosen, rejected = torch.tensor([-4.0, -30.0]), torch.tensor([-6.0, -33.0])
-    tokens = torch.tensor([2, 20])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config())
+    collate = PreferenceCollator(L)
+    ds = ZeroPaddingMapDataset(_records(WordTokenizer(), EXAMPLES, "dpo"), max_length=L, one_per_pack=True)
+    packs = [ds[0], ds[1]]  # one pair each
+    per_pair = [(_token_counts(collate([p]))[0].float().mean()).item() for p in packs]
+    assert per_pair[0] != per_pair[1]  # else any split gives the same token mean and the test has no teeth
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to=["none"], device="cpu")
+    trainer = DPOTrainer(model, args, dpo_config=DPOConfig(loss_type="or", reference_free=True, sft_loss_ratio=1.0),
+                         data_collator=collate)
 
-    def pairs(idx):
-        return PairLogps(chosen[idx], rejected[idx], tokens[idx], tokens[idx])
+    def step(groups):
+        model.zero_grad(set_to_none=True)
+        out = trainer.forward_backward([collate(g) for g in groups])
+        return out["loss_sum"] / out["count"], [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    whole, _ = crit(pairs([0, 1]), None)
-    split = crit(pairs([0]), None)[0] + crit(pairs([1]), None)[0]
-    assert torch.allclose(whole / 2, split / 2)  # the trainer divides the step's loss_sum by its 2 pairs
+    (whole, g_whole), (split, g_split) = step([packs]), step([[packs[0]], [packs[1]]])
+    torch.testing.assert_close(split, whole, rtol=1e-6, atol=0)
+    for a, b in zip(g_split, g_whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_rotation_after_resuming_an_earlier_checkpoint_keeps_the_new_one(make_args, tiny_model, tmp_path, caplog):
