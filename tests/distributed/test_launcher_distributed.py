@@ -17,16 +17,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.distributed.launcher_run import run_finetune
+
 pytestmark = pytest.mark.distributed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCHER = os.path.join(ROOT, "llm", "run_finetune.py")
 RTOL = 1e-4
 
 
@@ -46,14 +44,7 @@ def _launch(job, name: str, nproc: int, **over) -> dict:
            "flash_mask": True, "zero_padding": True, "greedy_zero_padding": False, "do_train": True,
            "do_eval": False, "disable_tqdm": True, "chat_after_train": False, "dataloader_shuffle": False}
     cfg.update(over)
-    path = job / f"{name}.json"
-    path.write_text(json.dumps(cfg))
-    cmd = [sys.executable, LAUNCHER, str(path)] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-        "--master_port", str(29700 + os.getpid() % 1000), LAUNCHER, str(path)]
-    proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stderr[-6000:]}"
+    proc = run_finetune(job, name, nproc, cfg, port_base=29700)
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
     summary = [line for line in proc.stdout.splitlines() if line.startswith("[summary] ")]
     state["summary"] = json.loads(summary[-1][len("[summary] "):]) if summary else {}

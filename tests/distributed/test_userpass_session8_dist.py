@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests._scripts import load_script
+from tests.distributed.launcher_run import run_finetune
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCHER = os.path.join(ROOT, "llm", "run_finetune.py")
 RTOL = 1e-4  # the launcher plumbing bound of test_launcher_distributed.py (measured FSDP 2 vs one process: ~1e-6)
 
 
@@ -35,14 +32,7 @@ def _launch(job, name: str, nproc: int, **over) -> tuple[dict, str]:
            "do_train": True, "do_eval": False, "disable_tqdm": True, "chat_after_train": False,
            "dataloader_shuffle": False, "report_to": []}
     cfg.update(over)
-    path = job / f"{name}.json"
-    path.write_text(json.dumps(cfg))
-    cmd = [sys.executable, LAUNCHER, str(path)] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-        "--master_port", str(28700 + os.getpid() % 1000), LAUNCHER, str(path)]
-    proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stderr[-6000:]}"
+    proc = run_finetune(job, name, nproc, cfg, port_base=28700)
     return json.loads((out / "checkpoint-2" / "trainer_state.json").read_text()), proc.stderr
 
 
