@@ -63,11 +63,11 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
 def _base_dir(base: str) -> str | None:
     """The directory the base model is loaded from: ``base`` itself, the cache directory of the embedded SmolLM2,
     or None for a name that is no directory (e.g. an ERNIE preset)."""
-    from paddlenlp_ext.transformers.auto import SMOLLM2_NAMES, default_cache_dir
+    from paddlenlp_ext.transformers.auto import default_cache_dir, is_embedded_default
 
     if os.path.isdir(base):
         return base
-    if base.lower() in (n.lower() for n in SMOLLM2_NAMES):
+    if is_embedded_default(base):
         return default_cache_dir()
     return None
 

@@ -299,6 +299,11 @@ def apply_lora(model: nn.Module, model_args_or_config=None) -> nn.Module:
     return _wrap(model, cfg)
 
 
+def _embedding_weight_ids(model: nn.Module) -> set[int]:
+    """``id`` of every ``nn.Embedding`` weight: a linear layer holding one of them is a tied ``lm_head``."""
+    return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+
+
 def _wrap(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     if any(True for _ in _lora_modules(model)):
         raise ValueError("apply_lora: the model already has LoRA layers; load a second adapter into a fresh model")
@@ -311,7 +316,7 @@ def _wrap(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
         names = sorted({n.rsplit(".", 1)[-1] for n, _ in linears})
         raise ValueError(f"apply_lora: no nn.Linear module matches target_modules={list(cfg.target_modules)}; "
                          f"linear layer names in this model: {names}")
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    embeddings = _embedding_weight_ids(model)
     for name, lin in targets:
         lora = LoRALinear(lin, cfg)
         lora.shares_weight = id(lin.weight) in embeddings  # a tied lm_head: merge() must not fold in place
@@ -492,7 +497,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     """
     # an adapted lm_head whose weight is the (tied) input embedding: after the fold the two differ, so the model
     # must be saved untied, or save_pretrained drops lm_head.weight and a reload ties the unmerged embedding back
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    embeddings = _embedding_weight_ids(model)
     untied = [name for name, mod in _lora_modules(model) if id(mod.weight) in embeddings]
     for name, mod in list(_lora_modules(model)):
         _set_submodule(model, name, mod.to_linear())

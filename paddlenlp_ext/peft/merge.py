@@ -23,9 +23,9 @@ def adapter_base_model(lora_path: str) -> str | None:
 
 def _loadable(name: str) -> bool:
     """A local directory, or a name the loader maps to one (the embedded SmolLM2)."""
-    from paddlenlp_ext.transformers.auto import SMOLLM2_NAMES
+    from paddlenlp_ext.transformers.auto import is_embedded_default
 
-    return os.path.isdir(name) or name.lower() in (n.lower() for n in SMOLLM2_NAMES)
+    return os.path.isdir(name) or is_embedded_default(name)
 
 
 def load_merged_lora(lora_path: str, base: str, dtype="float32"):

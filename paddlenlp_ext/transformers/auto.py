@@ -22,6 +22,12 @@ def default_cache_dir() -> str:
     return os.path.join(home, "SmolLM2-135M-Instruct")
 
 
+def is_embedded_default(name: str) -> bool:
+    """Whether ``name`` is a name of the embedded SmolLM2 (``SMOLLM2_NAMES``, any case), which
+    :func:`resolve_model_name_or_path` maps to :func:`default_cache_dir`."""
+    return os.fspath(name).lower() in (n.lower() for n in SMOLLM2_NAMES)
+
+
 class CheckpointNotModelError(ValueError):
     """A ``checkpoint-<step>`` training directory was given where a model directory is needed."""
 
@@ -48,7 +54,7 @@ def resolve_model_name_or_path(name_or_path: str) -> str:
                 "model directory: give the run's output_dir (its final model), or continue that run with "
                 "resume_from_checkpoint")
         return name
-    if name.lower() in (n.lower() for n in SMOLLM2_NAMES):
+    if is_embedded_default(name):
         from .gguf_import import convert_smollm2
 
         return convert_smollm2(default_cache_dir())
