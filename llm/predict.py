@@ -9,6 +9,14 @@ output directory (PEFT ``adapter_config.json`` + ``adapter_model.safetensors``: 
 ``base_model_name_or_path`` is loaded and the adapter merged into it). Without ``--prompt``, a tty gets an
 interactive multi-turn chat and piped stdin is answered line by line, each line on its own (no history).
 
+Piped stdin (``python llm/predict.py ... < prompts.txt > replies.txt``): exactly one stdout line per input line,
+so line N of the output answers line N of the input. A blank (or whitespace-only) line gets an empty line (the
+model is not called); a line past ``--src_length`` gets an empty line and a notice on stderr naming its line
+number; a line that is not valid UTF-8 is answered with the bad bytes replaced by U+FFFD (notice on stderr). A
+reply that itself spans lines is written on one line with ``\`` as ``\\``, newline as ``\n`` and carriage
+return as ``\r`` (reversible: :func:`unescape_reply`); replies with none of these are written unchanged.
+Notices and token rates go to stderr only.
+
 Interactive chat: every turn sees the whole conversation so far. ``/reset`` starts a new conversation (the
 ``--system`` message stays), ``/exit``, ``/quit`` or Ctrl-D ends; an empty line is ignored. The prompt is capped
 at ``--src_length`` tokens (default: the model's ``max_position_embeddings`` minus ``--max_new_tokens``); when
@@ -30,7 +38,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -43,7 +51,11 @@ from paddlenlp_ext.transformers.generation import encode_conversation, generate 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog="Interactive chat (a tty, no --prompt): multi-turn; /reset starts over, /exit, "
-                                       "/quit or Ctrl-D quits; the oldest turns are dropped past --src_length.")
+                                       "/quit or Ctrl-D quits; the oldest turns are dropped past --src_length. "
+                                       "Piped stdin: one output line per input line, each line answered on its "
+                                       "own; a blank or too-long line gets an empty output line (notice on "
+                                       "stderr); a multi-line reply is written on one line with \\ as \\\\, "
+                                       "newline as \\n, carriage return as \\r.")
     p.add_argument("--model_name_or_path", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                    help="local HF directory, or HuggingFaceTB/SmolLM2-135M-Instruct (embedded)")
     p.add_argument("--tokenizer_name_or_path", default=None,
@@ -196,6 +208,74 @@ def interactive(conv: Conversation, respond: Callable[[list[int]], str], read: C
         say(f"assistant> {answer}")
 
 
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
+
+
+def escape_reply(text: str) -> str:
+    """``text`` on one line for piped output: backslash -> ``\\\\``, newline -> ``\\n``, carriage return ->
+    ``\\r`` (other characters unchanged). Reversed by :func:`unescape_reply`."""
+    return "".join(_ESCAPES.get(c, c) for c in text)
+
+
+def unescape_reply(line: str) -> str:
+    """Inverse of :func:`escape_reply`: one piped output line (without its line end) -> the model's reply."""
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "\\" and i + 1 < len(line) and line[i + 1] in "\\nr":
+            out.append({"\\": "\\", "n": "\n", "r": "\r"}[line[i + 1]])
+            i += 2
+        else:
+            out.append(line[i])
+            i += 1
+    return "".join(out)
+
+
+def to_text(raw: bytes | str, where: str, notify: Callable[[str], None]) -> str:
+    """A prompt as clean UTF-8 text: bytes are decoded as UTF-8; a ``str`` from ``sys.argv`` / ``input()`` may
+    hold lone surrogates for undecodable bytes (Python's ``surrogateescape``), which the tokenizer rejects with a
+    TypeError. Undecodable bytes become U+FFFD, with a notice naming ``where`` (e.g. ``stdin line 3``)."""
+    if isinstance(raw, str):
+        try:  # back to the bytes the user typed: U+DC80..U+DCFF stand for undecodable bytes
+            raw = raw.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # other lone surrogates: no bytes behind them
+            raw = raw.encode("utf-8", "replace")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        notify(f"[predict] {where} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte offset {e.start}): "
+               "undecodable bytes replaced by U+FFFD; save the prompts as UTF-8 (e.g. iconv -t UTF-8)")
+        return raw.decode("utf-8", "replace")
+
+
+def answer_lines(lines: Iterable[bytes], conv: "Conversation", respond: Callable[[list[int]], str],
+                 say: Callable[[str], None], notify: Callable[[str], None]) -> int:
+    """Piped mode: answer each of ``lines`` (raw stdin lines, bytes) on its own, ``say`` exactly one output line
+    per input line (see the module docstring); returns the number of lines answered by the model.
+
+    A blank line -> an empty output line (no model call); a line past the prompt cap -> an empty output line and
+    a notice naming its line number; a multi-line reply -> :func:`escape_reply`."""
+    answered, blank = 0, []
+    for lineno, raw in enumerate(lines, 1):
+        text = to_text(raw, f"stdin line {lineno}", notify).strip()
+        if not text:
+            blank.append(lineno)
+            say("")  # keeps output line N aligned with input line N
+            continue
+        conv.reset()
+        try:
+            ids, _ = conv.prompt_for(text)
+        except ValueError as e:
+            notify(f"[predict] stdin line {lineno} skipped (empty output line): {e}")
+            say("")
+            continue
+        say(escape_reply(respond(ids)))
+        answered += 1
+    if blank:
+        shown = ", ".join(map(str, blank[:10])) + (", ..." if len(blank) > 10 else "")
+        notify(f"[predict] {len(blank)} blank stdin line(s) ({shown}) answered with an empty line")
+    return answered
+
+
 def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
     """``src_length`` or ``max_position_embeddings - max_new_tokens``: the prompt cap in tokens.
 
@@ -244,24 +324,26 @@ def main(argv=None) -> int:
         print(f"[{new.numel()} tokens, {new.numel() / (time.perf_counter() - t0):.1f} tokens/s]", file=sys.stderr)
         return tokenizer.decode(new, skip_special_tokens=True).strip()
 
-    conv = Conversation(lambda m: encode_conversation(tokenizer, m), cap, args.system)
+    def notify(msg: str) -> None:
+        print(msg, file=sys.stderr)
+
+    system = to_text(args.system, "--system", notify) if args.system is not None else None
+    conv = Conversation(lambda m: encode_conversation(tokenizer, m), cap, system)
     if args.prompt is not None:
-        ids, _ = conv.prompt_for(args.prompt)  # too long: ValueError, one error line
+        ids, _ = conv.prompt_for(to_text(args.prompt, "--prompt", notify))  # too long: ValueError, one error line
         print(respond(ids))
         return 0
     if not sys.stdin.isatty():  # piped input: one prompt per line, each answered without history
-        for line in sys.stdin:
-            if line.strip():
-                conv.reset()
-                try:
-                    ids, _ = conv.prompt_for(line.strip())
-                except ValueError as e:
-                    print(f"[predict] line skipped: {e}", file=sys.stderr)
-                    print()  # one output line per input line
-                    continue
-                print(respond(ids))
+        answer_lines(sys.stdin.buffer, conv, respond, lambda line: print(line, flush=True), notify)
         return 0
-    interactive(conv, respond, input, print, lambda msg: print(msg, file=sys.stderr))
+    def read(prompt: str) -> str:
+        try:
+            return to_text(input(prompt), "the line", notify)
+        except UnicodeDecodeError as e:  # a strict-decoding stdin (non-UTF-8 bytes under e.g. en_US.UTF-8)
+            notify(f"[not sent: the line is not valid UTF-8 ({e.reason}); type it again]")
+            return ""
+
+    interactive(conv, respond, read, print, notify)
     return 0
 
 

@@ -1,0 +1,113 @@
+"""Session-9 user pass: what a new user tried and broke (each test fails on the code before its fix).
+
+llm/predict.py with piped stdin must print exactly one line per input line (blank lines, multi-line replies,
+non-UTF-8 bytes); the tiny model uses SmolLM2's real tokenizer (chat template) and a 2-layer random Llama.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from tests._scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory):
+    """A 2-layer random Llama with SmolLM2's vocabulary and tokenizer files, saved to a directory."""
+    from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM, resolve_model_name_or_path
+
+    out = tmp_path_factory.mktemp("tiny_chat")
+    tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer files only
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.init_weights(std=0.2)  # larger logits than the HF init, so greedy replies are not empty or all special
+    model.save_pretrained(str(out))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(tok_dir, name), out / name)
+    return str(out)
+
+
+def _pipe(monkeypatch, capsys, data: bytes, model_dir: str, *extra: str):
+    """Run predict.main with ``data`` as piped (non-tty) stdin; returns (stdout lines, stderr)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8",
+                                                       errors="surrogateescape"))
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    rc = predict.main(["--model_name_or_path", model_dir, "--max_new_tokens", "3", "--num_threads", "1", *extra])
+    out = capsys.readouterr()
+    assert rc == 0
+    return out.out.split("\n")[:-1], out.err, predict
+
+
+def test_predict_pipe_blank_lines_keep_output_aligned(tiny_chat_model, monkeypatch, capsys):
+    """Blank input lines printed nothing, so output line N no longer answered input line N."""
+    lines, err, _ = _pipe(monkeypatch, capsys, b"hello\n\n   \nworld\n", tiny_chat_model)
+    assert len(lines) == 4, lines
+    assert lines[1] == "" and lines[2] == ""
+    assert lines[0] and lines[3]  # the model answered the two real prompts
+    assert "2 blank stdin line(s) (2, 3)" in err
+
+
+def test_predict_pipe_multiline_reply_is_one_line(tiny_chat_model, monkeypatch, capsys):
+    """A reply holding a newline took two output lines; it is now escaped (reversibly) onto one."""
+    from paddlenlp_ext.transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_chat_model)
+    reply = "a\\b\nc"  # a backslash and a newline
+    reply_ids = torch.tensor(tok.encode(reply, add_special_tokens=False))
+    assert tok.decode(reply_ids) == reply
+
+    def fake_generate(model, prompt, max_new_tokens, **kw):  # [1, L] -> [1, L + n]
+        return torch.cat([prompt, reply_ids[None]], dim=1)
+
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"q1\nq2\n"), encoding="utf-8"))
+    monkeypatch.setattr(predict, "generate", fake_generate)
+    assert predict.main(["--model_name_or_path", tiny_chat_model, "--max_new_tokens", "8", "--num_threads", "1"]) == 0
+    lines = capsys.readouterr().out.split("\n")[:-1]
+    assert lines == ["a\\\\b\\nc"] * 2
+    assert predict.unescape_reply(lines[0]) == reply
+
+
+def test_predict_pipe_non_utf8_line_is_answered(tiny_chat_model, monkeypatch, capsys):
+    """A non-UTF-8 line crashed the run with the tokenizer's TypeError (later lines were lost)."""
+    lines, err, _ = _pipe(monkeypatch, capsys, b"hi\n\xff\xfe bad\nok\n", tiny_chat_model)
+    assert len(lines) == 3 and all(lines)
+    assert "stdin line 2 is not valid UTF-8 (byte 0xff" in err
+
+
+def test_predict_prompt_with_undecodable_argv_bytes(tiny_chat_model, capsys):
+    """``--prompt $'\\xff'`` (argv decoded with surrogateescape) raised the tokenizer's TypeError."""
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    rc = predict.main(["--model_name_or_path", tiny_chat_model, "--max_new_tokens", "3", "--num_threads", "1",
+                       "--prompt", b"\xffhi".decode("utf-8", "surrogateescape")])
+    out = capsys.readouterr()
+    assert rc == 0 and out.out.strip()
+    assert "--prompt is not valid UTF-8" in out.err
+
+
+def test_predict_pipe_too_long_line_names_its_line(tiny_chat_model, monkeypatch, capsys):
+    lines, err, _ = _pipe(monkeypatch, capsys, b"hi\n" + b"word " * 400 + b"\nok\n", tiny_chat_model)
+    assert len(lines) == 3 and lines[1] == "" and lines[0] and lines[2]
+    assert "stdin line 2 skipped (empty output line): the message is too long" in err
+
+
+def test_predict_pipe_empty_stdin_prints_nothing(tiny_chat_model, monkeypatch, capsys):
+    lines, err, _ = _pipe(monkeypatch, capsys, b"", tiny_chat_model)
+    assert lines == [] and "blank" not in err
+
+
+@pytest.mark.parametrize("text", ["", "plain", "a\\nb", "x\r\ny\\", "\\\\n\n\\"])
+def test_escape_reply_round_trip(text):
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    line = predict.escape_reply(text)
+    assert "\n" not in line and "\r" not in line
+    assert predict.unescape_reply(line) == text
