@@ -104,13 +104,14 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir, "loss_type": dpo_config.loss_type}
     do_eval = training_args.do_eval and dev_ds is not None
-    if do_eval and training_args.do_train:  # without training the one evaluation below is the result
-        summary["dev_before"] = _pick(trainer.evaluate())
     if training_args.do_train:
         if train_ds is None:
             raise ValueError("do_train=true needs train_dataset_path")
         clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
-        result = trainer.train(resume_from_checkpoint=resume)
+        # evaluate_first: "before" is measured after a resumed checkpoint has loaded, before the first new step
+        result = trainer.train(resume_from_checkpoint=resume, evaluate_first=do_eval)
+        if result["eval_before"] is not None:
+            summary["dev_before"] = _pick(result["eval_before"])
         summary.update(train_summary(result))
         if not (training_args.benchmark or training_args.autotuner_benchmark
                 or keep_final_model(result, training_args.output_dir, dpo_config.lora)):

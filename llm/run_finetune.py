@@ -9,8 +9,9 @@ Like PaddleNLP, an ``output_dir`` holding ``checkpoint-<step>`` directories resu
 
 Ours only (section ``ChatArgument``, documented in the README): ``chat_after_train`` (default true),
 ``chat_prompt`` and ``chat_max_new_tokens`` print one greedy chat reply of the fine-tuned model at the end.
-With ``do_eval`` the dev loss is measured before and after training. A summary (wall time, train tokens/s,
-dev loss before/after, output directory) is printed last.
+With ``do_eval`` the dev loss is measured before and after training ("before": the model as resumed, once a
+checkpoint has loaded). A summary (wall time, train tokens/s, dev loss before/after, output directory) is printed
+last.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paddlenlp_ext.trainer import Trainer, checkpoint_step, finalize_sft_args, set_seed
+from paddlenlp_ext.trainer import Trainer, finalize_sft_args, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, is_distributed,
                                          keep_final_model, lora_plus_optimizer, output_dir_lock, require_model_path,
@@ -152,16 +153,16 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
-    step = checkpoint_step(resume) if isinstance(resume, (str, os.PathLike)) else None  # None for true / no resume
-    finished = step is not None and step >= trainer.compute_max_steps()
     if training_args.do_eval and dev_ds is None:
         logger.warning("do_eval=true but %s has no dev split (dev.json or dev/*.json): no evaluation",
                        data_args.dataset_name_or_path)
-    if do_eval and not finished and training_args.do_train:  # else only the final dev loss is reported
-        summary["dev_loss_before"] = trainer.evaluate()["eval_loss"]
     if training_args.do_train:
         clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
-        result = trainer.train(resume_from_checkpoint=resume)
+        # evaluate_first: the dev loss "before" is measured inside train(), after a resumed checkpoint has loaded
+        # (the model being trained on, not the base weights loaded above); none when nothing is left to train
+        result = trainer.train(resume_from_checkpoint=resume, evaluate_first=do_eval)
+        if result["eval_before"] is not None:
+            summary["dev_loss_before"] = result["eval_before"]["eval_loss"]
         summary.update(train_summary(result))
         if keep_final_model(result, training_args.output_dir, model_args.lora):
             # resumed at max_steps and a final model is there: keep it (it may be newer than the checkpoint)

@@ -296,11 +296,16 @@ class Trainer:
             self.state.micro_batches_in_epoch = 0
 
     # ---- the loop ----------------------------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: Any = None) -> dict[str, float]:
-        """Run to ``max_steps``; returns ``{"global_step", "train_loss", "train_runtime", "tokens_per_sec"}``.
+    def train(self, resume_from_checkpoint: Any = None, evaluate_first: bool = False) -> dict[str, Any]:
+        """Run to ``max_steps``; returns ``{"global_step", "train_loss", "train_runtime", "tokens_per_sec",
+        "eval_before"}``.
 
         ``resume_from_checkpoint``: a checkpoint path, or True for the latest in ``output_dir``; None falls
         back to ``args.resume_from_checkpoint``.
+        ``evaluate_first``: with an ``eval_dataset`` and steps left to train, ``evaluate()`` once after any
+        checkpoint has loaded and before the first step, so a resumed run measures the model it resumes (the
+        launchers' "dev loss before"); ``result["eval_before"]`` holds those metrics, None when not run.
+        (Ours: PaddleNLP's launchers have no "before" evaluation.)
         """
         args = self.args
         if self.train_dataset is None:
@@ -329,6 +334,9 @@ class Trainer:
                                "micro-batch(es) of %d on this rank: every step repeats packs (lower "
                                "gradient_accumulation_steps or per_device_train_batch_size, or add data)",
                                acc_steps, per_epoch, args.per_device_train_batch_size)
+        eval_before = None
+        if evaluate_first and self.eval_dataset is not None and self.state.global_step < max_steps:
+            eval_before = self.evaluate()  # the model as resumed, before any new step (none of its time is timed)
         metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
         stream = self._micro_batch_stream()
         window = _Window(self.device)
@@ -370,6 +378,7 @@ class Trainer:
                   "train_loss": total_loss / total_count if total_count else None,
                   "tokens_per_sec": total_tokens * self.dp.size / train_time if train_time > 0 else None}
         logger.info("training done: %s", json.dumps(result))
+        result["eval_before"] = eval_before
         return result
 
     def _epochs_completed(self, per_epoch: int | None) -> int:

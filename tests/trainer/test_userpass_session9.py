@@ -1,0 +1,69 @@
+"""User pass, session 9: three launcher / trainer bugs noted in earlier passes (resume and length checks).
+
+CPU only, tiny random models (the SmolLM2 tokenizer files at most); each test a few seconds.
+"""
+
+import pytest
+
+from trainer_fixtures import load_run_finetune, write_sft_config
+
+_SFT = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "per_device_eval_batch_size": 2,
+        "learning_rate": 1e-2, "warmup_steps": 0, "logging_steps": 1, "save_steps": 2, "save_strategy": "steps",
+        "max_length": 96, "src_length": 48, "flash_mask": True, "do_train": True, "do_eval": True,
+        "disable_tqdm": True, "chat_after_train": False, "report_to": "none"}
+
+
+@pytest.fixture(scope="module")
+def sft_job(tmp_path_factory, make_tiny_sft_job):
+    return make_tiny_sft_job(tmp_path_factory.mktemp("up9_sft"), n_train=12, n_dev=3)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    d = tmp_path_factory.mktemp("up9_pairs")
+    return (make_tiny_model_dir(str(d / "model")), write_pairs(str(d / "train.jsonl"), 8),
+            write_pairs(str(d / "dev.jsonl"), 4, seed=1))
+
+
+def _pair_argv(pairs, out, **over):
+    model_dir, train, dev = pairs
+    kw = {"model_name_or_path": model_dir, "train_dataset_path": train, "dev_dataset_path": dev,
+          "output_dir": str(out), "max_seq_len": 64, "max_prompt_len": 24, "per_device_train_batch_size": 1,
+          "per_device_eval_batch_size": 2, "learning_rate": 1e-2, "warmup_steps": 0, "save_steps": 2,
+          "save_strategy": "steps", "do_train": True, "do_eval": True, "report_to": "none", "disable_tqdm": True,
+          **over}
+    return [a for k, v in kw.items() for a in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]
+
+
+# ---- 1. the "before" dev loss of a resumed run is the resumed model's ---------------------------------------------
+
+def test_sft_resumed_dev_loss_before_is_the_checkpoints(sft_job, caplog):
+    # was: summary["dev_loss_before"] = trainer.evaluate() ran before trainer.train(resume_from_checkpoint=...)
+    # loaded the checkpoint, so a resumed run reported the dev loss of the base model it had just loaded, not of
+    # the model it went on training
+    mod = load_run_finetune()
+    out = sft_job / "out"
+    first = mod.main(write_sft_config(sft_job, out, _SFT, max_steps=2))
+    assert (out / "checkpoint-2").is_dir()
+    assert abs(first["dev_loss_after"] - first["dev_loss_before"]) > 1e-3  # else the test has no teeth
+    second = mod.main(write_sft_config(sft_job, out, _SFT, max_steps=4))
+    assert second["global_step"] == 4
+    # dev_loss_after of the first run: the model at step 2, i.e. the checkpoint's weights
+    assert second["dev_loss_before"] == pytest.approx(first["dev_loss_after"], rel=1e-5)
+    # a rerun with nothing left to train reports no "before"
+    assert "dev_loss_before" not in mod.main(write_sft_config(sft_job, out, _SFT, max_steps=4))
+
+
+@pytest.mark.parametrize("script, key", [("run_dpo", "dev_before"), ("run_reward", "dev_before")])
+def test_dpo_and_rm_resumed_dev_metrics_before_are_the_checkpoints(pairs, tmp_path, script, key):
+    from tests._scripts import load_script
+
+    mod = load_script(f"llm/{script}.py")
+    out = tmp_path / "out"
+    first = mod.main(_pair_argv(pairs, out, max_steps=2))
+    assert abs(first["dev_after"]["eval_loss"] - first[key]["eval_loss"]) > 1e-3
+    second = mod.main(_pair_argv(pairs, out, max_steps=3))
+    assert second["global_step"] == 3
+    assert second[key]["eval_loss"] == pytest.approx(first["dev_after"]["eval_loss"], abs=2e-5)  # rounded to 5
