@@ -269,7 +269,7 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps, profile one more step: top kernels, NCCL time, collectives")
     ap.add_argument("--tp_fp32_reduce", choices=("auto", "on", "off"), default="auto",
-                    help="row-parallel reductions in fp32 (ParallelDims.tp_fp32_reduce; auto = tp > 2)")
+                    help="row-parallel reductions in fp32 (ParallelDims.tp_fp32_reduce; auto = the default, fp32 when tp > 1)")
     ap.add_argument("--tp_impl", choices=("auto", "local", "dtensor"), default="auto",
                     help="ParallelDims.tp_impl: local compute (default without LoRA) or torch's DTensor styles")
     ap.add_argument("--tag", default="", help="suffix of the result file names (compare settings side by side)")

@@ -74,9 +74,10 @@ class ParallelDims:
         tensor_parallel_output: keep logits vocab-sharded and use a vocab-parallel cross entropy
             (``torch.distributed.tensor.parallel.loss_parallel``).
         tp_fp32_reduce: reduce the row-parallel partial sums (o/down projections) in fp32 when they are
-            bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``). None (default): only when
-            ``tp > 2`` (with 2 ranks a bf16 sum rounds once, like the fp32 sum cast back; from 3 ranks on a bf16
-            ring/tree reduction rounds ``tp - 1`` times).
+            bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``) and keep the fp32 sum (the
+            residual stream is fp32 under autocast). None (default): on whenever ``tp > 1`` (since session 9: at
+            TP 2 on two H200s the bf16 sum drifted further from one GPU over 4 steps at the same speed within
+            noise; ``docs/distributed.md``). False: bf16 sums, half the bytes.
         tp_impl: ``"auto"`` (default: ``"local"`` unless the model has LoRA layers), ``"local"`` (Megatron-style
             compute on local shards, ``local_tp``) or ``"dtensor"`` (torch's ``ColwiseParallel`` / ``RowwiseParallel``
             styles). Both place the parameters identically.
