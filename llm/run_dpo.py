@@ -27,6 +27,7 @@ from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_paral
                                          lora_plus_optimizer, output_dir_lock, require_model_path, resume_target,
                                          run_cli, save_adapter, train_summary, used_splits)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
+from paddlenlp_ext.trainer.resume_config import data_keys
 from paddlenlp_ext.trl.arguments import parse_dpo_args
 
 logger = logging.getLogger("paddlenlp_ext.run_dpo")
@@ -97,6 +98,7 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
                          eval_dataset=dev_ds, data_collator=collator,
                          tokenizer=tokenizer, parallel_dims=parallel_dims)
     trainer.optimizer = lora_plus_optimizer(trainer.model, model_args, training_args, dpo_config.lora)
+    trainer.data_keys = data_keys(data_args)  # recorded in checkpoints: a resume that reorders the data is warned
     if dpo_config.precompute_reference_logps:
         for ds in (train_ds, dev_ds):
             if ds is not None:

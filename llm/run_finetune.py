@@ -32,6 +32,7 @@ from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_paral
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
+from paddlenlp_ext.trainer.resume_config import data_keys
 
 logger = logging.getLogger("paddlenlp_ext.run_finetune")
 
@@ -150,6 +151,7 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
                       data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
                       parallel_dims=parallel_dims)
     trainer.optimizer = lora_plus_optimizer(trainer.model, model_args, training_args, model_args.lora)
+    trainer.data_keys = data_keys(data_args)  # recorded in checkpoints: a resume that reorders the data is warned
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None

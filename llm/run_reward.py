@@ -26,6 +26,7 @@ from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_paral
                                          output_dir_lock, require_model_path, resume_target, run_cli, train_summary,
                                          used_splits)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
+from paddlenlp_ext.trainer.resume_config import data_keys
 from paddlenlp_ext.trl.arguments import parse_rm_args
 
 logger = logging.getLogger("paddlenlp_ext.run_reward")
@@ -76,6 +77,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
     trainer = RewardTrainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                             data_collator=collator, tokenizer=tokenizer,
                             parallel_dims=parallel_dims)
+    trainer.data_keys = data_keys(data_args)  # recorded in checkpoints: a resume that reorders the data is warned
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None

@@ -10,6 +10,10 @@
   checkpoint's ``per_device_train_batch_size`` x data-parallel size; it is re-expressed in this run's shape (HF and
   PaddleNLP skip ``count`` micro-batches of the NEW size: unseen packs skipped, or seen ones repeated). A train set
   that now packs into another number of packs is warned about.
+- :func:`data_order` / :func:`check_data_order`: the keys that decide the train data order (``seed``,
+  ``dataloader_shuffle``, and the data keys that decide the packs, :data:`DATA_ORDER_KEYS`) are recorded in
+  ``trainer_state.json``; a resume that changes one is warned (the skipped micro-batches are then not the packs
+  already trained on). PaddleNLP records none of them and resumes silently; we warn and keep going, as it does.
 
 Used by :meth:`paddlenlp_ext.trainer.trainer.Trainer._load_checkpoint`.
 """
@@ -26,6 +30,56 @@ logger = logging.getLogger("paddlenlp_ext.trainer")
 # param-group key -> the config key that sets it
 _HYPER_KEYS = {"initial_lr": "learning_rate", "weight_decay": "weight_decay", "betas": "adam_beta1/adam_beta2",
                "eps": "adam_epsilon"}
+
+
+# Data-argument keys (of SFT's DataArgument and the DPO / RM data arguments) that decide which train packs exist and
+# what they hold: the files, the tokenisation (template, cuts) and the packing. The trainer adds seed and
+# dataloader_shuffle, which decide the order of the packs.
+DATA_ORDER_KEYS = ("dataset_name_or_path", "train_dataset_path", "max_length", "max_seq_len", "src_length",
+                   "max_prompt_len", "zero_padding", "greedy_zero_padding", "lazy", "chat_template")
+
+
+def data_keys(data_args) -> dict[str, Any]:
+    """``{key: value}`` of the :data:`DATA_ORDER_KEYS` that ``data_args`` has (a launcher's data dataclass); the
+    launchers put it on ``Trainer.data_keys`` so checkpoints record it."""
+    return {k: getattr(data_args, k) for k in DATA_ORDER_KEYS if hasattr(data_args, k)}
+
+
+def data_order(args, keys: dict[str, Any]) -> dict[str, Any]:
+    """What decides the train data order: ``seed`` and ``dataloader_shuffle`` of ``args`` (the sampler's
+    permutation, ``trainer_utils.ResumableSampler``) plus ``keys`` (:func:`data_keys`). JSON-serialisable; saved
+    as ``TrainerState.data_order``."""
+    return {"seed": int(args.seed), "dataloader_shuffle": bool(getattr(args, "dataloader_shuffle", True)), **keys}
+
+
+def check_data_order(saved: dict[str, Any], current: dict[str, Any], state, map_style: bool) -> list[str]:
+    """Compare a checkpoint's :func:`data_order` record with this run's; warn when they differ and packs are
+    skipped. Returns the changed keys (``[]`` when none, or when ``saved`` is empty: a checkpoint written before
+    the record existed resumes without a word).
+
+    ``seed`` counts only when one of the two runs shuffles a map-style dataset (otherwise it does not touch the
+    order). ``state``: the resumed ``TrainerState``; when it skips nothing (``micro_batches_in_epoch == 0``: an
+    epoch boundary, or ``ignore_data_skip``) the change is logged at INFO only, as no pack is wrongly skipped.
+    """
+    if not saved:
+        return []
+    changed = [k for k in current if k in saved and saved[k] != current[k]]
+    shuffled = map_style and (bool(saved.get("dataloader_shuffle", True)) or bool(current.get("dataloader_shuffle")))
+    if not shuffled:
+        changed = [k for k in changed if k not in ("seed", "dataloader_shuffle")]
+    if not changed:
+        return []
+    what = ", ".join(f"{k}={current[k]} (the checkpoint's run: {saved[k]})" for k in changed)
+    if state.micro_batches_in_epoch == 0:
+        logger.info("resuming with %s: the data order differs from the checkpoint's run; epoch %d is read from its "
+                    "start, so no pack is skipped", what, state.epoch)
+        return changed
+    logger.warning("resuming with %s: the data order differs from the checkpoint's run, so the %d micro-batch(es) "
+                   "skipped in epoch %d are not the packs it trained on (some packs of this epoch are never trained "
+                   "on, others twice). Resume with the checkpoint's values, set ignore_data_skip true to read epoch "
+                   "%d from its start, or start over (overwrite_output_dir true)", what, state.micro_batches_in_epoch,
+                   state.epoch, state.epoch)
+    return changed
 
 
 def map_len(dataset) -> int:

@@ -32,7 +32,8 @@ from .logging_utils import MetricsLogger
 from .loss import count_label_tokens, count_real_tokens, sft_loss
 from .mixed_precision import MasterWeights, precision_mode
 from .optimization import build_lr_scheduler, build_optimizer
-from .resume_config import convert_data_position, hyperparameters, map_len, reapply_hyperparameters
+from .resume_config import (check_data_order, convert_data_position, data_order, hyperparameters, map_len,
+                            reapply_hyperparameters)
 from .trainer_utils import DataParallelView, ResumableSampler, ShardedIterable
 
 logger = logging.getLogger("paddlenlp_ext.trainer")
@@ -53,6 +54,9 @@ class TrainerState:
     train_batch_size: int = 0  # per device
     data_parallel_size: int = 0
     train_packs: int = 0  # len(train_dataset) (map-style; 0 = unknown): a resume on other packs is warned
+    # what decides the data order (resume_config.data_order: seed, dataloader_shuffle, the launcher's data keys);
+    # {} = unknown (a checkpoint from before it was saved): a resume that changes one is warned
+    data_order: dict[str, Any] = field(default_factory=dict)
 
 
 def _default_collator(items):
@@ -76,6 +80,10 @@ class Trainer:
         data_collator: ``list[item] -> dict[str, Tensor]`` packed batch (docs/design.md section 2).
         tokenizer: saved next to the final model by ``save_model``.
         parallel_dims: ``paddlenlp_ext.distributed.ParallelDims`` or None (one process).
+
+    ``data_keys``: the data arguments that decide the train packs (``resume_config.data_keys(data_args)``, set by
+    the launchers; ``{}`` by default), recorded in checkpoints with ``seed`` and ``dataloader_shuffle`` so that a
+    resume that changes the data order is warned.
     """
 
     def __init__(self, model, args, train_dataset=None, eval_dataset=None, data_collator=None, tokenizer=None,
@@ -91,6 +99,7 @@ class Trainer:
         self.state = TrainerState(trainer=type(self).__name__)
         self.optimizer = self.lr_scheduler = None
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (global_step, metrics) of the latest evaluate()
+        self.data_keys: dict[str, Any] = {}
         # Models that draw per-step randomness (ERNIE-3.5-SE random position ids) seed it with the data-parallel
         # replica index, so replicas differ while tensor-parallel ranks of one replica agree.
         for module in model.modules():
@@ -465,6 +474,7 @@ class Trainer:
         self.state.train_batch_size = int(self.args.per_device_train_batch_size)
         self.state.data_parallel_size = int(self.dp.size)
         self.state.train_packs = map_len(self.train_dataset)
+        self.state.data_order = data_order(self.args, self.data_keys)
         data_state = {"epoch": self.state.epoch, "micro_batches_in_epoch": self.state.micro_batches_in_epoch}
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, self.model, self.optimizer,
                                     self.lr_scheduler, asdict(self.state), data_state,
@@ -492,6 +502,8 @@ class Trainer:
         convert_data_position(self.state, self.args.per_device_train_batch_size, self.dp.size, self.train_dataset)
         if bool(getattr(self.args, "ignore_data_skip", False)):
             self.state.micro_batches_in_epoch = 0  # PaddleNLP: restart the epoch's data from its beginning
+        map_style = not isinstance(self.train_dataset, IterableDataset) and hasattr(self.train_dataset, "__getitem__")
+        check_data_order(self.state.data_order, data_order(self.args, self.data_keys), self.state, map_style)
         logger.info("resumed from %s at step %d (epoch %d, %d micro-batches in)", path, self.state.global_step,
                     self.state.epoch, self.state.micro_batches_in_epoch)
         later = [c.name for c in ckpt.list_checkpoints(self.args.output_dir)
