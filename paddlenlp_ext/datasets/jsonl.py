@@ -71,6 +71,27 @@ def check_sft_record(record: dict) -> dict:
     return out
 
 
+_WARNED: set = set()  # (path, mtime_ns, size, what) already warned about: a lazy stream re-reads its file each epoch
+
+
+def warn_once_per_file(path: str, what: str, message: str) -> None:
+    """Log ``message`` (a warning) once per ``path`` version and ``what`` in this process, so a data file that is
+    re-read every epoch does not repeat the same warning."""
+    try:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, what)
+    except OSError:
+        key = (os.path.abspath(path), None, None, what)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning(message)
+
+
+def summarize_lines(where: List[str], limit: int = 3) -> str:
+    """``["f:2", "f:9", ...]`` -> ``"f:2, f:9, ..."`` (the first ``limit`` locations)."""
+    return ", ".join(where[:limit]) + (", ..." if len(where) > limit else "")
+
+
 def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
     """``(where, obj)`` for each non-blank line of a jsonl file, ``where`` = ``"<path>:<line>"``.
 
@@ -106,22 +127,33 @@ def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
 def iter_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> Iterator[dict]:
     """Yield the records of a jsonl file, each passed through ``validate`` (None = no check).
 
+    With the default ``validate``, records whose answer (a ``tgt`` turn) is empty or only whitespace are kept, as
+    PaddleNLP does, but counted: once the file is read, one warning names the count and the first lines (such a
+    record trains the model to end its turn without replying).
+
     Raises:
         ValueError: ``<path>:<line>: <problem>`` for a line that is not UTF-8, invalid JSON (with the column)
             or a record that ``validate`` rejects; ``<path>: empty file`` when the file holds no record.
         FileNotFoundError: the file does not exist (or is a directory).
     """
-    count = 0
+    count, empty_answer = 0, []
     for where, record in jsonl_objects(path, 'SFT {"src", "tgt"}'):
         if validate is not None:
             try:
                 record = validate(record)
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
+            if validate is check_sft_record and any(not t.strip() for t in record["tgt"]):
+                empty_answer.append(where)
         count += 1
         yield record
     if count == 0:
         raise ValueError(f"{path}: empty file (no JSON records); expected one {{\"src\", \"tgt\"}} object per line")
+    if empty_answer:  # was silent: "tgt": "" trains the end-of-turn token right after the question
+        warn_once_per_file(path, "empty tgt", (
+            f"{path}: {len(empty_answer)} of {count} SFT records have an empty answer (a \"tgt\" turn that is empty or "
+            f"only whitespace), at {summarize_lines(empty_answer)}: they are trained as they are (PaddleNLP's rule) "
+            "and teach the model to end its turn without replying; fill in the answers or remove those lines"))
 
 
 def read_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> List[dict]:

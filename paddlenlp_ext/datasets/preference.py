@@ -101,20 +101,34 @@ def check_preference_data(data: dict, where: str = "<example>") -> PreferenceExa
 def read_preference_jsonl(path: str) -> Iterator[PreferenceExample]:
     """Yield validated examples of a jsonl file; blank lines are skipped.
 
+    Records whose two responses are the same text (after stripping whitespace) are kept, as PaddleNLP does, but
+    counted: once the file is read, one warning names the count and the first lines (such a pair carries no
+    preference: its chosen-minus-rejected margin is 0 whatever the weights, so it gives no preference gradient and
+    never counts as accurate).
+
     Raises:
         FileNotFoundError: ``path`` does not exist (or is a directory).
         ValueError: a line that is not UTF-8, invalid JSON or a broken rule, naming ``path:line``; an empty
             file.
     """
-    from .jsonl import jsonl_objects
+    from .jsonl import jsonl_objects, summarize_lines, warn_once_per_file
 
-    count = 0
+    count, same = 0, []
     for where, data in jsonl_objects(path, "preference {src, tgt, response, sort}"):
         count += 1
-        yield check_preference_data(data, where)
+        ex = check_preference_data(data, where)
+        if ex.chosen.strip() == ex.rejected.strip():
+            same.append(where)
+        yield ex
     if count == 0:
         raise ValueError(f"{path}: empty file (no JSON records); expected one {{src, tgt, response, sort}} object "
                          "per line")
+    if same:  # was silent
+        warn_once_per_file(path, "identical responses", (
+            f"{path}: {len(same)} of {count} preference records have two identical responses, at "
+            f"{summarize_lines(same)}: such a pair carries no preference (its chosen-minus-rejected margin is 0 whatever "
+            "the weights: no preference gradient, never counted as accurate) but is trained on; give the rejected "
+            "response its own text or remove those lines"))
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> List[int]:

@@ -111,3 +111,82 @@ def test_escape_reply_round_trip(text):
     line = predict.escape_reply(text)
     assert "\n" not in line and "\r" not in line
     assert predict.unescape_reply(line) == text
+
+
+# ---- data: records PaddleNLP accepts but that train nothing useful (warned once per file, naming the lines) ------
+
+def _write_lines(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _warnings(caplog, needle):
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and needle in r.getMessage()]
+
+
+def test_sft_empty_answer_is_warned_with_its_lines(tmp_path, caplog):
+    """``"tgt": ""`` (or whitespace) was trained silently: the labels are only the end-of-turn token."""
+    import logging
+
+    from paddlenlp_ext.datasets.jsonl import read_jsonl
+
+    path = _write_lines(tmp_path / "train.json", [{"src": "q1", "tgt": "a1"}, {"src": "q2", "tgt": ""},
+                                                  {"src": ["q3", "q4"], "tgt": ["a3", "  "]}])
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.datasets.jsonl"):
+        assert len(read_jsonl(path)) == 3  # kept, as PaddleNLP does
+        read_jsonl(path)  # a lazy stream re-reads the file every epoch: still one warning
+    msgs = _warnings(caplog, "empty answer")
+    assert len(msgs) == 1
+    assert f"2 of 3 SFT records" in msgs[0] and f"{path}:2, {path}:3" in msgs[0]
+
+
+def test_sft_without_empty_answers_is_quiet(tmp_path, caplog):
+    import logging
+
+    from paddlenlp_ext.datasets.jsonl import read_jsonl
+
+    path = _write_lines(tmp_path / "train.json", [{"src": "q1", "tgt": "a1"}, {"src": "", "tgt": "a2"}])
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.datasets.jsonl"):
+        read_jsonl(path)
+    assert not _warnings(caplog, "empty answer")
+
+
+def test_preference_identical_responses_are_warned_with_their_lines(tmp_path, caplog):
+    """A pair with the same text twice (different sorts) was trained silently: its margin is always 0."""
+    import logging
+
+    from paddlenlp_ext.datasets.preference import read_preference_jsonl
+
+    rows = [{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]},
+            {"src": "q", "tgt": [], "response": ["same", " same "], "sort": [0, 1]}]
+    path = _write_lines(tmp_path / "train.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.datasets.jsonl"):
+        assert len(list(read_preference_jsonl(path))) == 2
+        list(read_preference_jsonl(path))
+    msgs = _warnings(caplog, "identical responses")
+    assert len(msgs) == 1 and f"1 of 2 preference records" in msgs[0] and f"{path}:2" in msgs[0]
+
+
+@pytest.mark.parametrize("record,msg", [
+    ({"src": "q", "tgt": [], "response": ["a"], "sort": [1, 0]}, "exactly 2 responses and 2 sorts"),
+    ({"src": "q", "tgt": [], "response": ["a", "b", "c"], "sort": [2, 1, 0]}, "exactly 2 responses and 2 sorts"),
+    ({"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 1]}, "the two sort values differ"),
+    ({"src": "q", "tgt": [], "response": ["a", "b"], "sort": ["1", "0"]}, "sort values are numbers"),
+    ({"src": "q", "tgt": [], "response": ["a", "b"]}, "missing key 'sort'"),
+    ({"src": "q", "tgt": [], "response": ["", "b"], "sort": [1, 0]}, "non-empty strings"),
+    ({"src": ["q"], "tgt": ["x"], "response": ["a", "b"], "sort": [1, 0]}, r"len\(src\) == len\(tgt\) \+ 1"),
+])
+def test_malformed_preference_line_names_file_and_line(tmp_path, record, msg):
+    """Coverage (passed before this session): each broken rule names ``file:line`` (line 3: after a blank line)."""
+    from paddlenlp_ext.datasets.preference import read_preference_jsonl
+
+    path = tmp_path / "train.jsonl"
+    good = {"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]}
+    import json
+
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=msg) as e:
+        list(read_preference_jsonl(str(path)))
+    assert f"{path}:3:" in str(e.value)
