@@ -10,8 +10,9 @@ Counterpart of PaddleNLP's ``llm/tools/merge_lora_params.py``. Usage:
 ``merge_weights: true`` (``paddlenlp_ext.peft.load_lora`` + ``merge_lora``: ``W + scaling * B @ A`` folded in fp32,
 rounded once to the base dtype); the output (``config.json``, safetensors, tokenizer files of the adapter
 directory, else of the base) is written atomically: a temporary sibling directory, then rename.
-Differences from PaddleNLP: no ``--device``/``--low_gpu_mem`` (merging runs on CPU); ``--dtype`` picks the dtype
-the base is loaded, merged and saved in.
+Differences from PaddleNLP: merging runs on the CPU and the output is always safetensors; PaddleNLP's
+``--device`` and ``--safe_serialization`` are accepted so its commands run unchanged (a note on stderr says when
+they are not followed); ``--dtype`` picks the dtype the base is loaded, merged and saved in.
 """
 
 from __future__ import annotations
@@ -34,7 +35,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output_path", required=True,
                    help="directory for the merged model (neither --lora_path nor the base model's directory)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16: load, merge and save dtype")
+    # PaddleNLP's flags, so its merge commands run unchanged
+    p.add_argument("--device", default=None, choices=["gpu", "npu", "cpu"],
+                   help="PaddleNLP's flag, accepted for compatibility: the merge always runs on the CPU")
+    p.add_argument("--safe_serialization", default=None, type=_strtobool,
+                   help="PaddleNLP's flag, accepted for compatibility: the output is always safetensors")
     return p.parse_args(argv)
+
+
+def _strtobool(value: str) -> bool:
+    """PaddleNLP's ``strtobool`` spellings (true/false, yes/no, t/f, y/n, 1/0), for ``--safe_serialization``."""
+    v = value.lower()
+    if v in ("true", "yes", "t", "y", "1"):
+        return True
+    if v in ("false", "no", "f", "n", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def compat_notes(args: argparse.Namespace) -> list:
+    """Notes for PaddleNLP flags that this merge accepts but does not follow (``--device gpu|npu``,
+    ``--safe_serialization false``)."""
+    notes = []
+    if args.device in ("gpu", "npu"):
+        notes.append(f"--device {args.device}: ignored, the merge runs on the CPU")
+    if args.safe_serialization is False:
+        notes.append("--safe_serialization false: ignored, the merged model is written as safetensors "
+                     "(there is no Paddle .pdparams format here)")
+    return notes
 
 
 def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
@@ -74,6 +102,8 @@ def _base_dir(base: str) -> str | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    for note in compat_notes(args):
+        print(f"[merge_lora_params] {note}", file=sys.stderr)
     base = resolve_base(args.lora_path, args.model_name_or_path)
     out = os.path.abspath(args.output_path)
     if out == os.path.abspath(args.lora_path):

@@ -190,3 +190,40 @@ def test_malformed_preference_line_names_file_and_line(tmp_path, record, msg):
     with pytest.raises(ValueError, match=msg) as e:
         list(read_preference_jsonl(str(path)))
     assert f"{path}:3:" in str(e.value)
+
+
+# ---- merge_lora_params.py: PaddleNLP's command line ----------------------------------------------------------------
+
+def test_merge_accepts_paddlenlp_flags(tmp_path, capsys):
+    """PaddleNLP's documented merge command (``--device gpu --safe_serialization true``) stopped at argparse's
+    'unrecognized arguments'; now it merges, with a note that the merge runs on the CPU."""
+    from paddlenlp_ext.peft import LoRALinear, apply_lora, save_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+    from tests.trl._tiny import make_tiny_model_dir
+
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 2})
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.weight.fill_(0.05)
+    save_lora(model, str(tmp_path / "lora"), base_model_name_or_path=base)
+    merge = load_script("llm/merge_lora_params.py", "merge_up9")
+    out = tmp_path / "merged"
+    rc = merge.main(["--model_name_or_path", base, "--lora_path", str(tmp_path / "lora"), "--output_path", str(out),
+                     "--safe_serialization", "True", "--device", "gpu"])
+    assert rc == 0 and (out / "model.safetensors").is_file()
+    assert "--device gpu: ignored, the merge runs on the CPU" in capsys.readouterr().err
+    ids = torch.tensor([[1, 3, 7, 10]])
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(str(out)).eval()(ids), model.eval()(ids))
+
+
+def test_merge_safe_serialization_false_is_noted():
+    merge = load_script("llm/merge_lora_params.py", "merge_up9")
+    args = merge.parse_args(["--lora_path", "a", "--output_path", "b", "--safe_serialization", "false",
+                             "--device", "cpu"])
+    assert merge.compat_notes(args) == ["--safe_serialization false: ignored, the merged model is written as "
+                                        "safetensors (there is no Paddle .pdparams format here)"]
+    with pytest.raises(SystemExit):
+        merge.parse_args(["--lora_path", "a", "--output_path", "b", "--safe_serialization", "maybe"])
