@@ -25,7 +25,7 @@ import torch
 from paddlenlp_ext.trainer import set_seed
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
                                          lora_plus_optimizer, output_dir_lock, require_model_path, resume_target,
-                                         run_cli, save_adapter, train_summary, used_splits)
+                                         run_cli, save_adapter, train_summary, used_splits, warn_if_longer_than_model)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trainer.resume_config import data_keys
 from paddlenlp_ext.trl.arguments import parse_dpo_args
@@ -83,6 +83,7 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
     set_chat_template(tokenizer, data_args.chat_template)  # 'none' also clears the saved template
     model = build_policy(model_args, training_args, dpo_config)
+    warn_if_longer_than_model(model, data_args, model_args.model_name_or_path)
     ref_model = None
     if not (dpo_config.reference_free or dpo_config.lora or dpo_config.precompute_reference_logps):
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # PaddleNLP: from_config + set_state_dict

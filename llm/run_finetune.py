@@ -28,7 +28,8 @@ from paddlenlp_ext.trainer import Trainer, finalize_sft_args, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, is_distributed,
                                          keep_final_model, lora_plus_optimizer, output_dir_lock, require_model_path,
-                                         resume_target, run_cli, save_adapter, train_summary, used_splits)
+                                         resume_target, run_cli, save_adapter, train_summary, used_splits,
+                                         warn_if_longer_than_model)
 from paddlenlp_ext.trainer.arguments import (DataArgument, GenerateArgument, ModelArgument, ReftArgument,
                                              SFTConfig)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
@@ -114,6 +115,7 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     set_chat_template(tokenizer, data_args.chat_template)  # the template trained on is the one chatted with, saved
     model = build_model(model_args, training_args)
+    warn_if_longer_than_model(model, data_args, model_args.model_name_or_path)
     from paddlenlp_ext.ops import set_llm_config
 
     set_llm_config(model, training_args)  # use_fused_* keys -> model config (PaddleNLP's LlmMetaConfig)

@@ -24,7 +24,7 @@ import torch
 from paddlenlp_ext.trainer import set_seed
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
                                          output_dir_lock, require_model_path, resume_target, run_cli, train_summary,
-                                         used_splits)
+                                         used_splits, warn_if_longer_than_model)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trainer.resume_config import data_keys
 from paddlenlp_ext.trl.arguments import parse_rm_args
@@ -63,6 +63,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
     name = model_args.model_name_or_path  # an ERNIE preset name builds a random trunk (as run_finetune/run_dpo)
     path = name if is_preset(name) else resolve_model_name_or_path(name)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
+    warn_if_longer_than_model(model, data_args, name)
     from paddlenlp_ext.ops import set_llm_config
 
     # use_fused_* keys -> model config (ours: PaddleNLP's RM does not call LlmMetaConfig.set_llm_config, and

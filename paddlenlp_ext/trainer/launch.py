@@ -197,6 +197,34 @@ def require_model_path(model_args) -> str:
     return model_args.model_name_or_path
 
 
+def warn_if_longer_than_model(model, data_args, model_name_or_path: str) -> bool:
+    """Warn once (rank 0) when the data's length key exceeds the model config's ``max_position_embeddings``.
+
+    The key is ``max_length`` (SFT ``DataArgument``) or ``max_seq_len`` (DPO / RM data arguments): an example of
+    up to that many tokens gets RoPE positions up to ``key - 1`` (positions restart per example in a pack), past the
+    range the model was trained on when the key is larger. The warning names both keys, their values and the
+    model's ``config.json`` (or the preset name); training goes on (PaddleNLP does not check this). Call it with
+    the unwrapped model (before ``parallelize_model``), whose ``config`` is read. Returns True when it warned.
+    """
+    key = next((k for k in ("max_length", "max_seq_len") if hasattr(data_args, k)), None)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if key is None or not isinstance(limit, int) or getattr(data_args, key) <= limit:
+        return False
+    if int(os.environ.get("RANK", "0")) != 0:
+        return True
+    from paddlenlp_ext.transformers import resolve_model_name_or_path
+    from paddlenlp_ext.transformers.ernie35 import is_preset
+
+    where = (f"the preset {model_name_or_path!r}" if is_preset(model_name_or_path)
+             else os.path.join(resolve_model_name_or_path(model_name_or_path), "config.json"))
+    value = getattr(data_args, key)
+    logger.warning("%s=%d (data) is larger than max_position_embeddings=%d of the model (%s): examples longer "
+                   "than %d tokens get RoPE positions %d..%d, past the range the model was trained on (quality "
+                   "may drop). Lower %s to %d or less, or use a model configured for longer sequences", key, value,
+                   limit, where, limit, limit, value - 1, key, limit)
+    return True
+
+
 def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 

@@ -138,3 +138,31 @@ def test_checkpoint_without_the_record_resumes_quietly(make_args, tiny_model, tm
     del state["data_order"]  # as written before session 9
     path.write_text(json.dumps(state))
     assert _resume(make_args, tiny_model, ckpt, caplog, seed=13) == ""
+
+
+# ---- 3. packs longer than the model's trained positions are warned -----------------------------------------------
+
+@pytest.mark.parametrize("script", ["run_finetune", "run_dpo", "run_reward"])
+def test_max_length_past_max_position_embeddings_warns_once(sft_job, pairs, tmp_path, caplog, script):
+    # was silent: max_length 300 on a model with max_position_embeddings 256 trained RoPE positions 256..299, past
+    # the range the model was trained on
+    from tests._scripts import load_script
+
+    def argv(length):
+        if script == "run_finetune":
+            return write_sft_config(sft_job, tmp_path / f"o{length}", _SFT, max_steps=1, do_eval=False,
+                                    save_strategy="no", max_length=length)
+        return _pair_argv(pairs, tmp_path / f"o{length}", max_steps=1, do_eval=False, save_strategy="no",
+                          max_seq_len=length)
+
+    key = "max_length" if script == "run_finetune" else "max_seq_len"
+    model_dir = sft_job / "model" if script == "run_finetune" else pairs[0]
+    mod = load_script(f"llm/{script}.py")
+    with caplog.at_level(logging.WARNING):
+        mod.main(argv(300))
+    assert caplog.text.count("max_position_embeddings=256") == 1
+    assert f"{key}=300" in caplog.text and f"{model_dir}/config.json" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        mod.main(argv(96))
+    assert "max_position_embeddings" not in caplog.text
