@@ -13,9 +13,17 @@ Piped stdin (``python llm/predict.py ... < prompts.txt > replies.txt``): exactly
 so line N of the output answers line N of the input. A blank (or whitespace-only) line gets an empty line (the
 model is not called); a line past ``--src_length`` gets an empty line and a notice on stderr naming its line
 number; a line that is not valid UTF-8 is answered with the bad bytes replaced by U+FFFD (notice on stderr). A
-reply that itself spans lines is written on one line with ``\`` as ``\\``, newline as ``\n`` and carriage
-return as ``\r`` (reversible: :func:`unescape_reply`); replies with none of these are written unchanged.
+reply that itself spans lines is written on one line with ``\\`` as ``\\\\``, newline as ``\\n`` and carriage
+return as ``\\r`` (reversible: :func:`unescape_reply`); replies with none of these are written unchanged.
 Notices and token rates go to stderr only.
+
+PaddleNLP predictor flags (``llm/predict/predictor.py``), so its commands run: ``--data_file dev.json
+[--output_file output.json]`` answers each SFT record (``{"src", "tgt"}`` jsonl; the last ``src`` turn after the
+earlier turns; every line is checked before the model loads, errors name ``file:line``) and writes
+``{"src", "tgt", "output"}`` per line; ``--lora_path <adapter>`` merges an adapter into ``--model_name_or_path``;
+``--max_length`` is ``--max_new_tokens``; ``--decode_strategy greedy_search|sampling``; ``--device gpu`` is
+``cuda``; ``--batch_size`` is accepted (one prompt at a time). Defaults differ: greedy decoding (PaddleNLP
+samples), float32 (PaddleNLP needs ``--dtype``).
 
 Interactive chat: every turn sees the whole conversation so far. ``/reset`` starts a new conversation (the
 ``--system`` message stays), ``/exit``, ``/quit`` or Ctrl-D ends; an empty line is ignored. The prompt is capped
@@ -67,28 +75,55 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--src_length", type=int, default=None,
                    help="prompt cap in tokens (PaddleNLP's name); the oldest turns are dropped past it. Default: "
                         "the model's max_position_embeddings - max_new_tokens, also its largest allowed value")
+    p.add_argument("--max_length", type=int, dest="max_new_tokens", default=argparse.SUPPRESS,
+                   help="PaddleNLP predictor's name for --max_new_tokens (the reply's token budget)")
+    p.add_argument("--lora_path", default=None,
+                   help="PaddleNLP predictor's flag: a LoRA adapter directory merged into --model_name_or_path (the "
+                        "base); without it, --model_name_or_path may itself be the adapter directory")
+    p.add_argument("--data_file", default=None,
+                   help="PaddleNLP predictor's flag: SFT jsonl ({\"src\", \"tgt\"} per line); each record's last "
+                        "src turn is answered after its earlier turns, one JSON line per record goes to --output_file")
+    p.add_argument("--output_file", default="output.json",
+                   help="with --data_file: jsonl of {\"src\", \"tgt\", \"output\"} (PaddleNLP's layout and default "
+                        "name)")
+    p.add_argument("--batch_size", type=int, default=1,
+                   help="PaddleNLP predictor's flag, accepted: prompts are answered one at a time")
+    p.add_argument("--decode_strategy", default=None, choices=["greedy_search", "sampling"],
+                   help="PaddleNLP predictor's flag: sampling = --do_sample; default greedy (PaddleNLP: sampling)")
     p.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top_k", type=int, default=0)
     p.add_argument("--top_p", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (half precision is for GPUs: on the CPU it runs, slowly)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu | cuda | cuda:N (PaddleNLP's gpu means cuda)")
     p.add_argument("--num_threads", type=int, default=0,
                    help="CPU threads for torch (0: torch's default); 1 is much faster on a busy shared CPU")
     return p.parse_args(argv)
 
 
-def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str | None = None):
+def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str | None = None,
+                             lora_path: str | None = None):
     """``(model, tokenizer)`` for a model directory / name, or for a LoRA adapter directory (base + merged adapter).
     ``tokenizer_name_or_path`` (optional) loads the tokenizer from there instead, e.g. for a model directory saved
-    without tokenizer files (the loader's error for such a directory names this key).
+    without tokenizer files (the loader's error for such a directory names this key). ``lora_path`` (PaddleNLP
+    predictor's flag): an adapter directory merged into ``path`` as its base.
 
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing.
     """
     # first: a wrong tokenizer path fails before the model is loaded
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name_or_path) if tokenizer_name_or_path else None
+    if lora_path:
+        from paddlenlp_ext.peft import load_merged_lora
+
+        if not os.path.isfile(os.path.join(lora_path, ADAPTER_CONFIG_NAME)):
+            raise FileNotFoundError(f"--lora_path {lora_path}: no {ADAPTER_CONFIG_NAME}; give a LoRA run's "
+                                    "output_dir (PEFT adapter), or leave --lora_path out for a full model")
+        print(f"[predict] merging the LoRA adapter {lora_path} into {path}", file=sys.stderr)
+        model, own = load_merged_lora(lora_path, path, dtype)
+        return model, (own if tokenizer is None else tokenizer)
     if os.path.isfile(os.path.join(path, TRAINER_STATE)):
         raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
                          "directory: pass the run's output_dir (its final model), or resume training from it")
@@ -276,6 +311,69 @@ def answer_lines(lines: Iterable[bytes], conv: "Conversation", respond: Callable
     return answered
 
 
+def read_data_file(data_file: str, output_file: str) -> list:
+    """The records of PaddleNLP predictor's ``--data_file`` (SFT jsonl), checked before the model is loaded:
+    ``[(where, raw record, record with src/tgt as lists)]``, ``where`` = ``file:line``.
+
+    Raises:
+        ValueError / FileNotFoundError: a bad line (naming ``file:line``, from
+            :func:`paddlenlp_ext.datasets.jsonl.check_sft_record`), no records, or ``output_file`` is ``data_file``.
+    """
+    from paddlenlp_ext.datasets.jsonl import check_sft_record, jsonl_objects
+
+    if os.path.abspath(output_file) == os.path.abspath(data_file):
+        raise ValueError(f"--output_file {output_file} is the --data_file; give another file")
+    records = []
+    for where, raw in jsonl_objects(data_file, 'SFT {"src", "tgt"}'):
+        try:
+            records.append((where, raw, check_sft_record(raw)))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    if not records:
+        raise ValueError(f"--data_file {data_file}: no records; expected one {{\"src\", \"tgt\"}} JSON object per line")
+    return records
+
+
+def predict_file(records: list, output_file: str, conv: "Conversation", respond: Callable[[list[int]], str],
+                 notify: Callable[[str], None]) -> int:
+    """PaddleNLP predictor's ``--data_file`` mode: answer each record of :func:`read_data_file` and write one JSON
+    line ``{"src", "tgt", "output"}`` per record to ``output_file`` (``src``/``tgt`` as in the input); returns the
+    number of records.
+
+    The model sees the record's turns before the last (``src[i]``, ``tgt[i]``) as history and answers the last
+    ``src`` turn; the last ``tgt`` is the reference and is not shown. (PaddleNLP: without a chat template only
+    ``src[0]`` is sent; with one, every turn including the last ``tgt``.) Oldest turns are dropped past the prompt
+    cap; a record whose last turn alone is too long gets ``"output": ""`` and a notice naming its line.
+    """
+    import json
+
+    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+    with open(output_file, "w", encoding="utf-8") as f:
+        for where, raw, rec in records:
+            conv.reset()
+            text = [to_text(t, where, notify) for t in rec["src"] + rec["tgt"]]  # JSON may hold lone surrogates
+            src, tgt = text[:len(rec["src"])], text[len(rec["src"]):]
+            for u, a in zip(src[:-1], tgt[:-1]):
+                conv.messages += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+            try:
+                ids, dropped = conv.prompt_for(src[-1])
+                if dropped:
+                    notify(f"[predict] {where}: dropped the oldest {dropped} turn(s) to fit the prompt cap")
+                output = respond(ids)
+            except ValueError as e:
+                notify(f"[predict] {where}: not answered (\"output\": \"\"): {e}")
+                output = ""
+            line = json.dumps({"src": raw["src"], "tgt": raw["tgt"], "output": output}, ensure_ascii=False)
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate (a "\ud800" escape in the input): keep it escaped
+                line = json.dumps({"src": raw["src"], "tgt": raw["tgt"], "output": output})
+            f.write(line + "\n")
+            f.flush()
+    notify(f"[predict] wrote {len(records)} prediction(s) to {output_file}")
+    return len(records)
+
+
 def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
     """``src_length`` or ``max_position_embeddings - max_new_tokens``: the prompt cap in tokens.
 
@@ -299,16 +397,43 @@ def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
     return max_pos - max_new_tokens if src_length is None else src_length
 
 
+_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half")
+
+
+def parse_device(device: str) -> str:
+    """``--device`` as a torch device string; PaddleNLP's ``gpu`` (``gpu:N``) means ``cuda`` (``cuda:N``).
+
+    Raises:
+        ValueError: not a device torch knows (was torch's RuntimeError with a traceback).
+    """
+    if device == "gpu" or device.startswith("gpu:"):
+        device = "cuda" + device[3:]
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    return device
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    typed, args.device = args.device, parse_device(args.device)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no CUDA GPU is available in this torch build/machine; "
+        raise ValueError(f"--device {typed}: no CUDA GPU is available in this torch build/machine; "
                          "use --device cpu")
+    if args.dtype.lower() not in _DTYPES:
+        raise ValueError(f"--dtype {args.dtype}: use float32, bfloat16 or float16 (the attention takes no other)")
+    if args.decode_strategy is not None:
+        args.do_sample = args.decode_strategy == "sampling"
+    if args.data_file and args.prompt is not None:
+        raise ValueError("--data_file and --prompt are two inputs; give one")
+    records = read_data_file(args.data_file, args.output_file) if args.data_file else None  # before the model
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype, args.tokenizer_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype, args.tokenizer_name_or_path,
+                                                args.lora_path)
     model = model.to(args.device)
     cap = prompt_cap(model, args.max_new_tokens, args.src_length)
     gen = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -329,6 +454,9 @@ def main(argv=None) -> int:
 
     system = to_text(args.system, "--system", notify) if args.system is not None else None
     conv = Conversation(lambda m: encode_conversation(tokenizer, m), cap, system)
+    if args.data_file:
+        predict_file(records, args.output_file, conv, respond, notify)
+        return 0
     if args.prompt is not None:
         ids, _ = conv.prompt_for(to_text(args.prompt, "--prompt", notify))  # too long: ValueError, one error line
         print(respond(ids))

@@ -227,3 +227,83 @@ def test_merge_safe_serialization_false_is_noted():
                                         "safetensors (there is no Paddle .pdparams format here)"]
     with pytest.raises(SystemExit):
         merge.parse_args(["--lora_path", "a", "--output_path", "b", "--safe_serialization", "maybe"])
+
+
+# ---- predict.py: a PaddleNLP user's predictor command line ---------------------------------------------------------
+
+def test_predict_source_compiles_without_escape_warnings():
+    """The docstring's backslash notation must not be an invalid escape (SyntaxWarning on 3.12, an error later)."""
+    import warnings
+
+    from tests._scripts import ROOT
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile((ROOT / "llm" / "predict.py").read_text(), "llm/predict.py", "exec")
+
+
+@pytest.mark.parametrize("argv,msg", [(["--device", "gpu"], "--device gpu: no CUDA GPU"),
+                                      (["--device", "tpu"], "--device tpu: not a torch device"),
+                                      (["--dtype", "float64"], "--dtype float64: use float32, bfloat16 or float16")])
+def test_predict_device_and_dtype_errors_are_one_line(argv, msg):
+    """``--device gpu`` (PaddleNLP's name) raised torch's RuntimeError with a traceback; ``--dtype float64`` loaded
+    the model and failed inside the attention ('query must be float16, ...')."""
+    if "gpu" in argv and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    with pytest.raises(ValueError, match=msg):
+        predict.main(["--model_name_or_path", "/nonexistent/model", "--prompt", "hi"] + argv)
+
+
+def test_predict_data_file_writes_one_json_line_per_record(tiny_chat_model, tmp_path, capsys):
+    """PaddleNLP's ``--data_file``/``--output_file`` (was 'unrecognized arguments'): one {src, tgt, output} line
+    per record; a single-turn record is answered as ``--prompt`` would; a too-long one gets "" and a notice."""
+    import json
+
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    rows = [{"src": "Hello there", "tgt": "Hi"}, {"src": ["a", "b"], "tgt": ["x", "y"]},
+            {"src": "word " * 300, "tgt": "t"}]
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(rows[0]) + "\n\n" + "".join(json.dumps(r) + "\n" for r in rows[1:]))
+    out = tmp_path / "pred" / "output.json"
+    common = ["--model_name_or_path", tiny_chat_model, "--max_length", "4", "--num_threads", "1"]
+    assert predict.main(common + ["--data_file", str(data), "--output_file", str(out), "--batch_size", "4",
+                                  "--decode_strategy", "greedy_search"]) == 0
+    err = capsys.readouterr().err
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(g["src"], g["tgt"]) for g in got] == [(r["src"], r["tgt"]) for r in rows]
+    assert got[1]["output"] and got[2]["output"] == ""
+    assert f"{data}:4: not answered" in err and "wrote 3 prediction(s)" in err
+    assert predict.main(common + ["--prompt", "Hello there"]) == 0
+    assert capsys.readouterr().out == got[0]["output"] + "\n"
+
+
+def test_predict_data_file_bad_line_fails_before_the_model_loads(tmp_path):
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    data = tmp_path / "dev.json"
+    data.write_text('{"src": "q", "tgt": "a"}\n{"src": "q"}\n')
+    with pytest.raises(ValueError, match=rf"{data}:2: missing key\(s\) \['tgt'\]"):
+        predict.main(["--model_name_or_path", "/nonexistent/model", "--data_file", str(data)])
+    with pytest.raises(ValueError, match="--output_file .* is the --data_file"):
+        predict.main(["--data_file", str(data), "--output_file", str(data)])
+
+
+def test_predict_lora_path_merges_into_the_base(tiny_chat_model, tmp_path, capsys):
+    """PaddleNLP's ``--model_name_or_path <base> --lora_path <adapter>`` answers as the adapter directory alone."""
+    from paddlenlp_ext.peft import LoRALinear, apply_lora, save_lora
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_chat_model), {"lora_rank": 2})
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(3))
+    save_lora(model, str(tmp_path / "lora"), base_model_name_or_path=tiny_chat_model)
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    common = ["--prompt", "Hello there", "--max_new_tokens", "5", "--num_threads", "1"]
+    assert predict.main(["--model_name_or_path", tiny_chat_model, "--lora_path", str(tmp_path / "lora")] + common) == 0
+    via_flag = capsys.readouterr().out
+    assert predict.main(["--model_name_or_path", str(tmp_path / "lora")] + common) == 0
+    assert capsys.readouterr().out == via_flag
+    assert predict.main(["--model_name_or_path", tiny_chat_model] + common) == 0
+    assert capsys.readouterr().out != via_flag  # the adapter changed the reply
