@@ -307,3 +307,30 @@ def test_predict_lora_path_merges_into_the_base(tiny_chat_model, tmp_path, capsy
     assert capsys.readouterr().out == via_flag
     assert predict.main(["--model_name_or_path", tiny_chat_model] + common) == 0
     assert capsys.readouterr().out != via_flag  # the adapter changed the reply
+
+
+# ---- config/: every shipped JSON parses with its launcher's parser (coverage; passed before this session) --------
+
+def _configs():
+    from tests._scripts import ROOT
+
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", _configs())
+def test_every_shipped_config_parses_with_its_launcher(path, monkeypatch):
+    from paddlenlp_ext.trl.arguments import parse_dpo_args, parse_rm_args
+    from tests._scripts import ROOT
+
+    monkeypatch.chdir(ROOT)
+    kind = os.path.basename(path)[:-len(".json")]
+    if kind in ("sft", "lora"):
+        model_args, data_args, training_args, _ = load_script("llm/run_finetune.py", "run_finetune_up9").parse_args(
+            [path])
+        assert bool(model_args.lora) == (kind == "lora") and data_args.zero_padding
+    elif kind == "dpo":
+        parse_dpo_args([path])
+    elif kind == "rm":
+        parse_rm_args([path])
+    else:
+        pytest.fail(f"{path}: no launcher known for a config named {kind}.json (sft, lora, dpo, rm)")
