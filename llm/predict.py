@@ -15,7 +15,8 @@ model is not called); a line past ``--src_length`` gets an empty line and a noti
 number; a line that is not valid UTF-8 is answered with the bad bytes replaced by U+FFFD (notice on stderr). A
 reply that itself spans lines is written on one line with ``\\`` as ``\\\\``, newline as ``\\n`` and carriage
 return as ``\\r`` (reversible: :func:`unescape_reply`); replies with none of these are written unchanged.
-Notices and token rates go to stderr only.
+Notices and token rates go to stderr only. A reader that closes the pipe early (``| head -n 3``) ends the run
+quietly with exit status 141, as shell tools do.
 
 PaddleNLP predictor flags (``llm/predict/predictor.py``), so its commands run: ``--data_file dev.json
 [--output_file output.json]`` answers each SFT record (``{"src", "tgt"}`` jsonl; the last ``src`` turn after the
@@ -415,6 +416,15 @@ def parse_device(device: str) -> str:
     return device
 
 
+def stop_on_closed_stdout() -> None:
+    """Exit with status 141 (128 + SIGPIPE, what shell tools give) and no traceback once the process reading our
+    stdout has closed it (``... | head -n 1``); stdout is pointed at /dev/null so the interpreter's final flush
+    cannot raise again (Python's documented recipe, ``signal`` module notes on SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(141)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.max_new_tokens < 1:
@@ -462,8 +472,12 @@ def main(argv=None) -> int:
         print(respond(ids))
         return 0
     if not sys.stdin.isatty():  # piped input: one prompt per line, each answered without history
-        answer_lines(sys.stdin.buffer, conv, respond, lambda line: print(line, flush=True), notify)
+        try:
+            answer_lines(sys.stdin.buffer, conv, respond, lambda line: print(line, flush=True), notify)
+        except BrokenPipeError:  # the reader stopped early (| head -n 3): quit quietly, as shell tools do
+            stop_on_closed_stdout()
         return 0
+
     def read(prompt: str) -> str:
         try:
             return to_text(input(prompt), "the line", notify)

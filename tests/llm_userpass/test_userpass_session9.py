@@ -334,3 +334,21 @@ def test_every_shipped_config_parses_with_its_launcher(path, monkeypatch):
         parse_rm_args([path])
     else:
         pytest.fail(f"{path}: no launcher known for a config named {kind}.json (sft, lora, dpo, rm)")
+
+
+def test_predict_pipe_into_head_exits_quietly(tiny_chat_model):
+    """``predict.py < prompts | head -n 1`` ended with a BrokenPipeError traceback; now exit 141, no traceback."""
+    import subprocess
+
+    from tests._scripts import ROOT
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "llm" / "predict.py"), "--model_name_or_path",
+                             tiny_chat_model, "--max_new_tokens", "2", "--num_threads", "1"], cwd=str(ROOT),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(b"hello\n" * 500)  # far more replies than are read: the pipe closes long before the end
+    proc.stdin.close()
+    assert proc.stdout.readline()
+    proc.stdout.close()  # what head does after its first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
