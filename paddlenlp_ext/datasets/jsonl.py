@@ -100,12 +100,14 @@ def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
     Raises:
         FileNotFoundError: ``path`` does not exist, or is a directory (the message says which).
         ValueError: ``<path>:<line>: ...`` for a line that is not UTF-8 or not valid JSON (with the column).
-            A UTF-8 byte-order mark at the start of the file is skipped.
+            A UTF-8 byte-order mark at the start of the file is skipped. When the whole file is one JSON
+            document (an array of records, or one pretty-printed object) the error says so and how to convert it.
     """
     if os.path.isdir(path):
         raise FileNotFoundError(f"{path!r} is a directory; give the jsonl file of {kind} records inside it")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file {path!r} does not exist (expected jsonl of {kind} records)")
+    first = True  # the first non-blank line: where a whole-file JSON document (array, pretty-printed) shows
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
@@ -118,10 +120,34 @@ def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
             if not line.strip():
                 continue
             try:
-                yield where, json.loads(line)
+                obj = json.loads(line)
             except json.JSONDecodeError as e:
+                hint = _whole_document_hint(path) if first else ""
                 raise ValueError(f"{where}: invalid JSON at column {e.colno}: {e.msg} "
-                                 f"(each line must be one JSON object)") from None
+                                 f"(each line must be one JSON object){hint}") from None
+            if first and isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+                hint = _whole_document_hint(path)[2:] or "a JSON array of objects; write each object on its own line"
+                raise ValueError(f"{where}: {hint}")
+            first = False
+            yield where, obj
+
+
+def _whole_document_hint(path: str) -> str:
+    """``"; <what and how to fix>"`` when the whole file is one JSON document instead of jsonl (a JSON array of
+    records, or one pretty-printed object over several lines; PaddleNLP reads jsonl only), else ``""``."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            doc = json.load(f)
+    except (ValueError, OSError):
+        return ""
+    if isinstance(doc, list):
+        return (f"; the file is one JSON array of {len(doc)} item(s), but the format is jsonl (one object per line). "
+                "Convert it: python -c \"import json,sys; [print(json.dumps(r, ensure_ascii=False)) for r in "
+                f"json.load(open(sys.argv[1]))]\" {path} > converted.json")
+    if isinstance(doc, dict):
+        return ("; the file is one JSON object spread over several lines (pretty-printed), but the format is jsonl: "
+                "put each record on a single line")
+    return ""
 
 
 def iter_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> Iterator[dict]:

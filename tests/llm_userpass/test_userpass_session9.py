@@ -352,3 +352,34 @@ def test_predict_pipe_into_head_exits_quietly(tiny_chat_model):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+# ---- data: a JSON document where jsonl is expected ----------------------------------------------------------------
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("kind", ["sft", "preference"])
+def test_json_array_file_says_it_is_not_jsonl(tmp_path, indent, kind):
+    """A JSON array of records (one line, or pretty-printed) gave 'expected a JSON object, got list' / 'invalid JSON
+    at column 1: Expecting value'; the error now says the file is a JSON array and how to convert it."""
+    import json
+
+    from paddlenlp_ext.datasets.jsonl import read_jsonl
+    from paddlenlp_ext.datasets.preference import read_preference_jsonl
+
+    rec = {"src": "q", "tgt": "a"} if kind == "sft" else {"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]}
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([rec, rec], indent=indent))
+    read = read_jsonl if kind == "sft" else (lambda p: list(read_preference_jsonl(p)))
+    with pytest.raises(ValueError, match=r"train\.json:1: .*one JSON array of 2 item\(s\).*Convert it: python -c"):
+        read(str(path))
+
+
+def test_pretty_printed_object_says_it_is_not_jsonl(tmp_path):
+    import json
+
+    from paddlenlp_ext.datasets.jsonl import read_jsonl
+
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"src": "q", "tgt": "a"}, indent=2) + "\n")
+    with pytest.raises(ValueError, match=r"train\.json:1: invalid JSON .*one JSON object spread over several lines"):
+        read_jsonl(str(path))
