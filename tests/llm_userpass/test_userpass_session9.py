@@ -383,3 +383,24 @@ def test_pretty_printed_object_says_it_is_not_jsonl(tmp_path):
     path.write_text(json.dumps({"src": "q", "tgt": "a"}, indent=2) + "\n")
     with pytest.raises(ValueError, match=r"train\.json:1: invalid JSON .*one JSON object spread over several lines"):
         read_jsonl(str(path))
+
+
+@pytest.mark.xfail(strict=True, reason="paddlenlp_ext/trainer/argparser.py (not this pass's file): a value rejected "
+                                       "by a dataclass's __post_init__ is reported as '<Class>: <key> must be ...' "
+                                       "without the config file it came from, unlike a wrong type or an unknown key "
+                                       "('<file>: key ...'). Fix sketch: in PdArgumentParser.parse_dict, prefix the "
+                                       "__post_init__ message with the source(s) of the keys set for that class "
+                                       "(the JSON path and/or 'command line').")
+def test_post_init_value_error_names_the_config_file(tmp_path):
+    import json
+
+    from tests._scripts import ROOT
+
+    cfg = json.loads((ROOT / "config" / "smollm2" / "sft.json").read_text())
+    cfg["evaluation_strategy"] = "step"  # a typo of "steps"
+    path = tmp_path / "my_sft.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        load_script("llm/run_finetune.py", "run_finetune_up9").parse_args([str(path)])
+    assert "evaluation_strategy" in str(e.value)  # names the key and the allowed values already
+    assert str(path) in str(e.value)
