@@ -289,9 +289,12 @@ def answer_lines(lines: Iterable[bytes], conv: "Conversation", respond: Callable
     per input line (see the module docstring); returns the number of lines answered by the model.
 
     A blank line -> an empty output line (no model call); a line past the prompt cap -> an empty output line and
-    a notice naming its line number; a multi-line reply -> :func:`escape_reply`."""
+    a notice naming its line number; a multi-line reply -> :func:`escape_reply`. A UTF-8 byte-order mark at the
+    start of the input is dropped (as the data readers do)."""
     answered, blank = 0, []
     for lineno, raw in enumerate(lines, 1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors): not text
+            raw = raw[3:]
         text = to_text(raw, f"stdin line {lineno}", notify).strip()
         if not text:
             blank.append(lineno)

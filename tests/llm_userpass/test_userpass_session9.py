@@ -404,3 +404,12 @@ def test_post_init_value_error_names_the_config_file(tmp_path):
         load_script("llm/run_finetune.py", "run_finetune_up9").parse_args([str(path)])
     assert "evaluation_strategy" in str(e.value)  # names the key and the allowed values already
     assert str(path) in str(e.value)
+
+
+def test_predict_pipe_ignores_a_byte_order_mark(tiny_chat_model, monkeypatch, capsys):
+    """A prompts file saved with a UTF-8 BOM (Windows editors) sent U+FEFF as part of the first prompt."""
+    with_bom, _, _ = _pipe(monkeypatch, capsys, b"\xef\xbb\xbfHello there\n", tiny_chat_model)
+    plain, _, _ = _pipe(monkeypatch, capsys, b"Hello there\n", tiny_chat_model)
+    assert with_bom == plain and plain[0]
+    only_bom, err, _ = _pipe(monkeypatch, capsys, b"\xef\xbb\xbf\nhi\n", tiny_chat_model)
+    assert only_bom[0] == "" and "1 blank stdin line(s) (1)" in err
