@@ -73,7 +73,7 @@ def _ernie_preset(name) -> bool:
     return is_preset(name)
 
 
-def _model_class(model_type: str):
+def _model_class(model_type: str, config_file: str = "config.json"):
     if model_type == "llama":
         from .llama import LlamaForCausalLM
 
@@ -82,7 +82,8 @@ def _model_class(model_type: str):
         from .ernie35 import Ernie35ForCausalLM
 
         return Ernie35ForCausalLM
-    raise ValueError(f"config.json model_type {model_type!r} is not supported; supported: 'llama', 'ernie'")
+    raise ValueError(f"{config_file}: model_type {model_type!r} is not supported; supported: 'llama' (Llama-architecture "
+                     "models such as Llama 3 or SmolLM2) and 'ernie' (ERNIE-3.5-SE)")
 
 
 class AutoConfig:
@@ -122,7 +123,7 @@ class AutoModelForCausalLM:
 
             return from_preset_or_pretrained(name_or_path, dtype=dtype, **config_overrides)
         path = resolve_model_name_or_path(name_or_path)
-        cls = _model_class(read_config_dict(path).get("model_type"))
+        cls = _model_class(read_config_dict(path).get("model_type"), os.path.join(path, "config.json"))
         return cls.from_pretrained(path, dtype=dtype, **config_overrides)
 
     @staticmethod

@@ -413,3 +413,18 @@ def test_predict_pipe_ignores_a_byte_order_mark(tiny_chat_model, monkeypatch, ca
     assert with_bom == plain and plain[0]
     only_bom, err, _ = _pipe(monkeypatch, capsys, b"\xef\xbb\xbf\nhi\n", tiny_chat_model)
     assert only_bom[0] == "" and "1 blank stdin line(s) (1)" in err
+
+
+# ---- transformers: an unsupported architecture names its config.json -------------------------------------------
+
+def test_unsupported_model_type_names_the_config_file(tiny_chat_model, tmp_path):
+    """A Qwen2 directory failed with "config.json model_type 'qwen2' is not supported" - which config.json?"""
+    import json
+
+    from paddlenlp_ext.transformers import AutoModelForCausalLM
+
+    cfg = json.loads((open(os.path.join(tiny_chat_model, "config.json"))).read())
+    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: model_type 'qwen2' is not supported"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path))
