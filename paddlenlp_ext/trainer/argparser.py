@@ -34,6 +34,7 @@ import difflib
 import json
 import logging
 import os
+import re
 import sys
 import types
 import typing
@@ -372,7 +373,9 @@ class PdArgumentParser:
         items = [(k, v, False, source) for k, v in values.items() if k not in cli]
         items += [(k, v, True, "command line") for k, v in cli.items()]
         bad_class = set()  # dataclasses with a value that did not convert: not constructed
+        key_source: Dict[str, str] = {}  # key -> where its value came from (the file or "command line")
         for key, raw, from_cli, where in items:
+            key_source[key] = where
             owners = [i for i, fields in enumerate(self._fields) if key in fields]
             if not owners:
                 errors.append(f"{where}: unknown key {key!r}" + (self._suggest(key) or "; --help lists every key"))
@@ -412,7 +415,8 @@ class PdArgumentParser:
                 outputs.append(t(**kwargs[i]))
             except ValueError as e:
                 msg = str(e)
-                errors.append(msg if msg.startswith(t.__name__) else f"{t.__name__}: {msg}")
+                msg = msg if msg.startswith(t.__name__) else f"{t.__name__}: {msg}"
+                errors.append(f"{self._post_init_source(msg, kwargs[i], key_source, source)}: {msg}")
         if len(errors) == 1:
             raise ValueError(errors[0])
         if errors:
@@ -429,6 +433,14 @@ class PdArgumentParser:
                 "These keys are accepted for PaddleNLP compatibility but not acted on by this build: "
                 + "; ".join(f"{k} ({r})" for k, r in self.inert_keys_set))
         return tuple(outputs)
+
+    @staticmethod
+    def _post_init_source(msg: str, given: Dict[str, Any], key_source: Dict[str, str], source: str) -> str:
+        """Where the values behind a dataclass's ``__post_init__`` error came from: the sources of the given keys
+        the message names (the config file, "command line", or both), else the config file itself."""
+        named = [k for k in given if re.search(rf"(?<![\w.-]){re.escape(k)}(?![\w-])", msg)]
+        where = sorted({key_source.get(k, source) for k in named}) or [source]
+        return " and ".join(where)
 
     @staticmethod
     def _value_error(key: str, value: Any, tp, e: ValueError, where: str, from_cli: bool) -> str:
