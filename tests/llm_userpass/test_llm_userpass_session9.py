@@ -1,4 +1,5 @@
-"""Session-9 user pass: what a new user tried and broke (each test fails on the code before its fix).
+"""Session-9 user pass (llm/predict.py, merge_lora_params.py, data, configs): what a new user tried and broke
+(each fix's test fails on the code before it; coverage tests and one strict xfail are marked as such).
 
 llm/predict.py with piped stdin must print exactly one line per input line (blank lines, multi-line replies,
 non-UTF-8 bytes); the tiny model uses SmolLM2's real tokenizer (chat template) and a 2-layer random Llama.
