@@ -16,7 +16,8 @@ number; a line that is not valid UTF-8 is answered with the bad bytes replaced b
 reply that itself spans lines is written on one line with ``\\`` as ``\\\\``, newline as ``\\n`` and carriage
 return as ``\\r`` (reversible: :func:`unescape_reply`); replies with none of these are written unchanged.
 Notices and token rates go to stderr only. A reader that closes the pipe early (``| head -n 3``) ends the run
-quietly with exit status 141, as shell tools do.
+quietly with exit status 141, as shell tools do. On a stdout that is not UTF-8 (``PYTHONIOENCODING=ascii``, a
+cp1252 console) characters it cannot show are written as ``?`` (one notice) instead of stopping the run.
 
 PaddleNLP predictor flags (``llm/predict/predictor.py``), so its commands run: ``--data_file dev.json
 [--output_file output.json]`` answers each SFT record (``{"src", "tgt"}`` jsonl; the last ``src`` turn after the
@@ -464,6 +465,14 @@ def main(argv=None) -> int:
 
     def notify(msg: str) -> None:
         print(msg, file=sys.stderr)
+
+    encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("_", "-")
+    if encoding not in ("utf-8", "utf8") and hasattr(sys.stdout, "reconfigure"):
+        # a reply character the stdout encoding cannot show (e.g. ascii, cp1252) raised UnicodeEncodeError mid-run,
+        # losing every later line
+        sys.stdout.reconfigure(errors="replace")
+        notify(f"[predict] stdout is {sys.stdout.encoding}: characters it cannot show are written as '?'; set "
+               "PYTHONUTF8=1 (or PYTHONIOENCODING=utf-8) for the exact text")
 
     system = to_text(args.system, "--system", notify) if args.system is not None else None
     conv = Conversation(lambda m: encode_conversation(tokenizer, m), cap, system)

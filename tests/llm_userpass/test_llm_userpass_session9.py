@@ -425,3 +425,21 @@ def test_unsupported_model_type_names_the_config_file(tiny_chat_model, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: model_type 'qwen2' is not supported"):
         AutoModelForCausalLM.from_pretrained(str(tmp_path))
+
+
+def test_predict_pipe_to_a_non_utf8_stdout_keeps_going(tiny_chat_model, monkeypatch, capsys):
+    """A reply character the stdout encoding cannot show (PYTHONIOENCODING=ascii, a cp1252 console) raised
+    UnicodeEncodeError at that line, losing the rest; now it is written as '?', with one notice."""
+    from paddlenlp_ext.transformers import AutoTokenizer
+
+    reply_ids = torch.tensor(AutoTokenizer.from_pretrained(tiny_chat_model).encode("café", add_special_tokens=False))
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    monkeypatch.setattr(predict, "generate", lambda model, prompt, n, **kw: torch.cat([prompt, reply_ids[None]], 1))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"q1\nq2\n"), encoding="utf-8"))
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii", write_through=True)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert predict.main(["--model_name_or_path", tiny_chat_model, "--max_new_tokens", "8", "--num_threads", "1"]) == 0
+    out.flush()
+    assert raw.getvalue() == b"caf?\ncaf?\n"
+    assert "stdout is ascii" in capsys.readouterr().err
