@@ -24,6 +24,7 @@ import sys
 from paddlenlp_ext.peft import adapter_base_model
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from paddlenlp_ext.trainer.arguments import _file_ancestor
+from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,11 +71,20 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
 
     Raises:
         FileNotFoundError: ``lora_path`` is not an adapter directory (names the missing file).
-        ValueError: no base given and the adapter names none.
+        ValueError: ``lora_path`` is a training checkpoint (says how to export it), or no base given and the
+            adapter names none.
     """
     if not os.path.isdir(lora_path):
         raise FileNotFoundError(f"--lora_path {lora_path}: no such directory (a LoRA run's output_dir holding "
                                 f"{ADAPTER_CONFIG_NAME} and {ADAPTER_WEIGHTS_NAME})")
+    if os.path.isfile(os.path.join(lora_path, TRAINER_STATE)):
+        # was "adapter_config.json not found; it is not a LoRA adapter directory", with no way forward
+        step = os.path.basename(os.path.normpath(lora_path)).rpartition("-")[2]
+        step = step if step.isdigit() else "<step>"
+        raise ValueError(f"--lora_path {lora_path} is a training checkpoint (torch.distributed.checkpoint shards), "
+                         "not an adapter: pass the run's output_dir (its final adapter), or export the checkpoint "
+                         f"first: python llm/run_finetune.py <config> --resume_from_checkpoint {lora_path} "
+                         f"--max_steps {step} --output_dir <new dir> (writes the adapter there)")
     for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
         if not os.path.isfile(os.path.join(lora_path, name)):
             raise FileNotFoundError(f"--lora_path {lora_path}: {name} not found; it is not a LoRA adapter directory "

@@ -443,3 +443,15 @@ def test_predict_pipe_to_a_non_utf8_stdout_keeps_going(tiny_chat_model, monkeypa
     out.flush()
     assert raw.getvalue() == b"caf?\ncaf?\n"
     assert "stdout is ascii" in capsys.readouterr().err
+
+
+def test_merge_on_a_training_checkpoint_says_how_to_export_it(tmp_path):
+    """``--lora_path <out>/checkpoint-2`` said only 'adapter_config.json not found; it is not a LoRA adapter
+    directory'; it now names the checkpoint and the resume command that writes its adapter."""
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    merge = load_script("llm/merge_lora_params.py", "merge_up9")
+    with pytest.raises(ValueError, match=r"is a training checkpoint .* --resume_from_checkpoint .*checkpoint-2 "
+                                         r"--max_steps 2 --output_dir"):
+        merge.main(["--lora_path", str(ckpt), "--output_path", str(tmp_path / "merged")])
