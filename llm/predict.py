@@ -127,8 +127,11 @@ def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str 
         model, own = load_merged_lora(lora_path, path, dtype)
         return model, (own if tokenizer is None else tokenizer)
     if os.path.isfile(os.path.join(path, TRAINER_STATE)):
+        step = os.path.basename(os.path.normpath(path)).rpartition("-")[2]
         raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
-                         "directory: pass the run's output_dir (its final model), or resume training from it")
+                         "directory: pass the run's output_dir (its final model), or export the checkpoint first: "
+                         f"python llm/run_finetune.py <config> --resume_from_checkpoint {path} --max_steps "
+                         f"{step if step.isdigit() else '<step>'} --output_dir <new dir>")
     adapter_cfg = os.path.join(path, ADAPTER_CONFIG_NAME)
     if os.path.isfile(adapter_cfg) and not os.path.isfile(os.path.join(path, "config.json")):
         from paddlenlp_ext.peft import adapter_base_model, load_merged_lora

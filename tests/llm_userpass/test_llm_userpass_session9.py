@@ -455,3 +455,14 @@ def test_merge_on_a_training_checkpoint_says_how_to_export_it(tmp_path):
     with pytest.raises(ValueError, match=r"is a training checkpoint .* --resume_from_checkpoint .*checkpoint-2 "
                                          r"--max_steps 2 --output_dir"):
         merge.main(["--lora_path", str(ckpt), "--output_path", str(tmp_path / "merged")])
+
+
+def test_predict_on_a_training_checkpoint_gives_the_export_command(tmp_path):
+    """'... or resume training from it' did not say how to get a model out of a checkpoint-<step>."""
+    ckpt = tmp_path / "out" / "checkpoint-7"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    predict = load_script("llm/predict.py", "llm_predict_up9")
+    with pytest.raises(ValueError, match=r"is a training checkpoint .* --resume_from_checkpoint .*checkpoint-7 "
+                                         r"--max_steps 7 --output_dir"):
+        predict.main(["--model_name_or_path", str(ckpt), "--prompt", "hi"])
