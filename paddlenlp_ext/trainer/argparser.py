@@ -298,6 +298,31 @@ def _is_config_path(token: str) -> bool:
     return token.lower().endswith((".json", ".yaml", ".yml"))
 
 
+def _looks_like_path(token: str) -> bool:
+    """A token that is meant as a file: it exists, holds a path separator or ends in a file extension."""
+    return not token.startswith("--") and (os.path.exists(token) or "/" in token or os.sep in token
+                                           or re.search(r"\.[A-Za-z]\w*$", token) is not None)
+
+
+def _not_a_config_path(token: str) -> str:
+    """The error for a first argument that is not a ``--key`` and not a ``.json`` / ``.yaml`` path (a mistyped or
+    missing config file, or its directory): what it is, and the config files nearby."""
+    folder = token if os.path.isdir(token) else os.path.dirname(token) or "."
+    found = sorted(f for f in os.listdir(folder) if _is_config_path(f)) if os.path.isdir(folder) else []
+    if os.path.isdir(token):
+        what = f"{token!r} is a directory"
+    elif os.path.exists(token):
+        what = f"{token!r} does not end in .json, .yaml or .yml"
+    else:
+        what = f"config file {token!r} does not exist"
+        close = difflib.get_close_matches(os.path.basename(token), found, n=1)
+        if close:
+            what += f" (did you mean {os.path.join(os.path.dirname(token), close[0])!r}?)"
+    nearby = (f" ({folder} holds: {', '.join(found[:8])}{', ...' if len(found) > 8 else ''})" if found else "")
+    return (f"{what}. The first argument must be a config file: run.py CONFIG.json [--key value ...], or only "
+            f"--key value ...{nearby}")
+
+
 def _no_value_error(key: str, tp, follower: Optional[str]) -> str:
     """The one-line error of ``--key`` given without a value (``tp``: the field's type)."""
     inner, optional = _unwrap_optional(tp)
@@ -483,6 +508,8 @@ class PdArgumentParser:
     def parse_args_into_dataclasses(self, argv: Optional[Sequence[str]] = None):
         """Parse ``--key value`` arguments only (no config file). ``argv`` defaults to ``sys.argv[1:]``."""
         argv = list(sys.argv[1:] if argv is None else argv)
+        if argv and _looks_like_path(argv[0]):  # a mistyped or missing config file, or its directory
+            raise ValueError(_not_a_config_path(argv[0]))
         followers: Dict[str, Optional[str]] = {}
         cli, errors = _split_cli(argv, followers)
         return self.parse_dict({}, source="command line", cli=cli, errors=errors, cli_followers=followers)
