@@ -445,24 +445,18 @@ def test_predict_pipe_to_a_non_utf8_stdout_keeps_going(tiny_chat_model, monkeypa
     assert "stdout is ascii" in capsys.readouterr().err
 
 
-def test_merge_on_a_training_checkpoint_says_how_to_export_it(tmp_path):
-    """``--lora_path <out>/checkpoint-2`` said only 'adapter_config.json not found; it is not a LoRA adapter
-    directory'; it now names the checkpoint and the resume command that writes its adapter."""
-    ckpt = tmp_path / "out" / "checkpoint-2"
-    ckpt.mkdir(parents=True)
-    (ckpt / "trainer_state.json").write_text("{}")
-    merge = load_script("llm/merge_lora_params.py", "merge_up9")
-    with pytest.raises(ValueError, match=r"is a training checkpoint .* --resume_from_checkpoint .*checkpoint-2 "
-                                         r"--max_steps 2 --output_dir"):
-        merge.main(["--lora_path", str(ckpt), "--output_path", str(tmp_path / "merged")])
-
-
-def test_predict_on_a_training_checkpoint_gives_the_export_command(tmp_path):
-    """'... or resume training from it' did not say how to get a model out of a checkpoint-<step>."""
+@pytest.mark.parametrize("script,module,argv", [
+    ("llm/merge_lora_params.py", "merge_up9", ["--lora_path", "{ckpt}", "--output_path", "{tmp}/merged"]),
+    ("llm/predict.py", "llm_predict_up9", ["--model_name_or_path", "{ckpt}", "--prompt", "hi"]),
+])
+def test_tools_on_a_training_checkpoint_give_the_export_command(tmp_path, script, module, argv):
+    """``merge_lora_params.py --lora_path <out>/checkpoint-7`` said only 'adapter_config.json not found; it is not a
+    LoRA adapter directory', and predict.py '... or resume training from it': both now name the checkpoint and the
+    resume command that exports it."""
     ckpt = tmp_path / "out" / "checkpoint-7"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text("{}")
-    predict = load_script("llm/predict.py", "llm_predict_up9")
+    main = load_script(script, module).main
     with pytest.raises(ValueError, match=r"is a training checkpoint .* --resume_from_checkpoint .*checkpoint-7 "
                                          r"--max_steps 7 --output_dir"):
-        predict.main(["--model_name_or_path", str(ckpt), "--prompt", "hi"])
+        main([a.format(ckpt=ckpt, tmp=tmp_path) for a in argv])
