@@ -24,7 +24,7 @@ import sys
 from paddlenlp_ext.peft import adapter_base_model
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from paddlenlp_ext.trainer.arguments import _file_ancestor
-from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE
+from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE, export_command
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,12 +79,9 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
                                 f"{ADAPTER_CONFIG_NAME} and {ADAPTER_WEIGHTS_NAME})")
     if os.path.isfile(os.path.join(lora_path, TRAINER_STATE)):
         # was "adapter_config.json not found; it is not a LoRA adapter directory", with no way forward
-        step = os.path.basename(os.path.normpath(lora_path)).rpartition("-")[2]
-        step = step if step.isdigit() else "<step>"
         raise ValueError(f"--lora_path {lora_path} is a training checkpoint (torch.distributed.checkpoint shards), "
                          "not an adapter: pass the run's output_dir (its final adapter), or export the checkpoint "
-                         f"first: python llm/run_finetune.py <config> --resume_from_checkpoint {lora_path} "
-                         f"--max_steps {step} --output_dir <new dir> (writes the adapter there)")
+                         f"first: {export_command(lora_path)} (writes the adapter there)")
     for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
         if not os.path.isfile(os.path.join(lora_path, name)):
             raise FileNotFoundError(f"--lora_path {lora_path}: {name} not found; it is not a LoRA adapter directory "
@@ -98,18 +95,6 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
     return base
 
 
-def _base_dir(base: str) -> str | None:
-    """The directory the base model is loaded from: ``base`` itself, the cache directory of the embedded SmolLM2,
-    or None for a name that is no directory (e.g. an ERNIE preset)."""
-    from paddlenlp_ext.transformers.auto import default_cache_dir, is_embedded_default
-
-    if os.path.isdir(base):
-        return base
-    if is_embedded_default(base):
-        return default_cache_dir()
-    return None
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     for note in compat_notes(args):
@@ -120,7 +105,9 @@ def main(argv=None) -> int:
         # beside the adapter files, transformers (with peft installed) would load the merged weights and apply
         # the adapter a second time
         raise ValueError(f"--output_path {args.output_path} is the adapter directory; give a new directory")
-    base_dir = _base_dir(base)
+    from paddlenlp_ext.transformers.auto import local_model_dir
+
+    base_dir = local_model_dir(base)
     if base_dir is not None and os.path.realpath(out) == os.path.realpath(base_dir):
         # the adapter's base_model_name_or_path (a later merge, predict.py on the adapter) would then load the
         # merged weights and apply the adapter a second time; for the embedded SmolLM2's cache directory, every

@@ -21,13 +21,6 @@ def adapter_base_model(lora_path: str) -> str | None:
         return json.load(f).get("base_model_name_or_path") or None
 
 
-def _loadable(name: str) -> bool:
-    """A local directory, or a name the loader maps to one (the embedded SmolLM2)."""
-    from paddlenlp_ext.transformers.auto import is_embedded_default
-
-    return os.path.isdir(name) or is_embedded_default(name)
-
-
 def load_merged_lora(lora_path: str, base: str, dtype="float32"):
     """``(model, tokenizer)``: ``base`` loaded in ``dtype`` with the adapter of ``lora_path`` folded in
     (:func:`load_lora` + :func:`merge_lora`: ``W + scaling * B @ A`` in fp32, rounded once to ``dtype``).
@@ -41,6 +34,7 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
             ``adapter_config.json`` and the two fixes).
     """
     from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
+    from paddlenlp_ext.transformers.auto import local_model_dir
     from paddlenlp_ext.transformers.ernie35 import is_preset
 
     if is_preset(base):
@@ -49,7 +43,7 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
                          "merged into the weights it was trained with. Train with merge_weights: true (the run "
                          "merges into its own base and writes <output_dir>/merged), or train LoRA on a saved model "
                          "directory (e.g. an SFT run's output_dir)")
-    if base == adapter_base_model(lora_path) and not _loadable(base):
+    if base == adapter_base_model(lora_path) and local_model_dir(base) is None:
         # was: "model_name_or_path '<base>' is neither a local directory nor ..." for a directory the user never
         # typed (predict.py --model_name_or_path named the adapter dir), with no word of adapter_config.json
         raise FileNotFoundError(

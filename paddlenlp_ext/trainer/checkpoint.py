@@ -200,6 +200,15 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def export_command(path: str | os.PathLike) -> str:
+    """The command that turns the training checkpoint ``path`` into a final model (or LoRA adapter) directory:
+    resuming it with ``max_steps`` at its step trains nothing and writes the final model to the new
+    ``output_dir``. Used by the tools that refuse a checkpoint where a model is needed (predict, merge)."""
+    step = checkpoint_step(path)
+    return (f"python llm/run_finetune.py <config> --resume_from_checkpoint {path} --max_steps "
+            f"{step if step is not None else '<step>'} --output_dir <new dir>")
+
+
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Completed checkpoints ``output_dir/checkpoint-<step>`` sorted by step (``*.tmp`` dirs are ignored)."""
     out = Path(output_dir)

@@ -28,6 +28,15 @@ def is_embedded_default(name: str) -> bool:
     return os.fspath(name).lower() in (n.lower() for n in SMOLLM2_NAMES)
 
 
+def local_model_dir(name: str) -> str | None:
+    """The local directory ``name`` loads from, without converting anything: ``name`` itself when it is a
+    directory, :func:`default_cache_dir` for a name of the embedded SmolLM2, else None (e.g. an ERNIE preset or a
+    path that does not exist)."""
+    if os.path.isdir(name):
+        return name
+    return default_cache_dir() if is_embedded_default(name) else None
+
+
 class CheckpointNotModelError(ValueError):
     """A ``checkpoint-<step>`` training directory was given where a model directory is needed."""
 
