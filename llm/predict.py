@@ -53,9 +53,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME
-from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE
+from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE, export_command
 from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp_ext.transformers.generation import encode_conversation, generate  # noqa: F401 (re-exported)
+from paddlenlp_ext.transformers.model_utils import to_torch_dtype
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -127,11 +128,9 @@ def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str 
         model, own = load_merged_lora(lora_path, path, dtype)
         return model, (own if tokenizer is None else tokenizer)
     if os.path.isfile(os.path.join(path, TRAINER_STATE)):
-        step = os.path.basename(os.path.normpath(path)).rpartition("-")[2]
         raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
                          "directory: pass the run's output_dir (its final model), or export the checkpoint first: "
-                         f"python llm/run_finetune.py <config> --resume_from_checkpoint {path} --max_steps "
-                         f"{step if step.isdigit() else '<step>'} --output_dir <new dir>")
+                         f"{export_command(path)}")
     adapter_cfg = os.path.join(path, ADAPTER_CONFIG_NAME)
     if os.path.isfile(adapter_cfg) and not os.path.isfile(os.path.join(path, "config.json")):
         from paddlenlp_ext.peft import adapter_base_model, load_merged_lora
@@ -249,6 +248,7 @@ def interactive(conv: Conversation, respond: Callable[[list[int]], str], read: C
 
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
+_UNESCAPES = {v[1]: k for k, v in _ESCAPES.items()}  # "\\" -> "\\", "n" -> "\n", "r" -> "\r"
 
 
 def escape_reply(text: str) -> str:
@@ -261,8 +261,8 @@ def unescape_reply(line: str) -> str:
     """Inverse of :func:`escape_reply`: one piped output line (without its line end) -> the model's reply."""
     out, i = [], 0
     while i < len(line):
-        if line[i] == "\\" and i + 1 < len(line) and line[i + 1] in "\\nr":
-            out.append({"\\": "\\", "n": "\n", "r": "\r"}[line[i + 1]])
+        if line[i] == "\\" and i + 1 < len(line) and line[i + 1] in _UNESCAPES:
+            out.append(_UNESCAPES[line[i + 1]])
             i += 2
         else:
             out.append(line[i])
@@ -405,9 +405,6 @@ def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
     return max_pos - max_new_tokens if src_length is None else src_length
 
 
-_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half")
-
-
 def parse_device(device: str) -> str:
     """``--device`` as a torch device string; PaddleNLP's ``gpu`` (``gpu:N``) means ``cuda`` (``cuda:N``).
 
@@ -440,7 +437,11 @@ def main(argv=None) -> int:
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {typed}: no CUDA GPU is available in this torch build/machine; "
                          "use --device cpu")
-    if args.dtype.lower() not in _DTYPES:
+    try:
+        dtype = to_torch_dtype(args.dtype.lower())
+    except ValueError:
+        dtype = None
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"--dtype {args.dtype}: use float32, bfloat16 or float16 (the attention takes no other)")
     if args.decode_strategy is not None:
         args.do_sample = args.decode_strategy == "sampling"
