@@ -262,9 +262,9 @@ def _apply_local(model: nn.Module, parallel_dims: ParallelDims) -> None:
 
 def _fp32_reduce(parallel_dims) -> bool:
     """Whether the row-parallel partial sums are reduced in fp32: ``tp_fp32_reduce``, default (None) on for every
-    TP degree. Measured on 2 H200s (TP 2, 1B Llama, 8K packs, 4 AdamW steps; docs/distributed.md): the bf16
-    reduction ends 2.1e-5 (relative loss) from one GPU, the fp32 one 1.5e-5 and within 5e-7 at the last step, at
-    the same tokens/s within the run-to-run spread."""
+    TP degree. Measured on 2 H200s (TP 2 + SP, 1B Llama, 4 x 8K packs, 5 AdamW steps; docs/distributed_gpu_results.md,
+    session 9): the largest relative loss difference from one GPU is 2.1e-5 with bf16 sums and 1.5e-5 with fp32
+    ones (4e-7 at the last step), at the same tokens/s within the run-to-run spread."""
     fp32 = getattr(parallel_dims, "tp_fp32_reduce", None)
     return parallel_dims.tp > 1 if fp32 is None else bool(fp32)
 
