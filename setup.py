@@ -6,6 +6,7 @@ setup(
     packages=[
         "flashmask",
         "flashmask.benchmarks",
+        "flashmask.experimental",
     ]
     + __import__("setuptools").find_packages(include=["paddlenlp_ext", "paddlenlp_ext.*"]),
     package_dir={"flashmask": "ops/flashmask", "paddlenlp_ext": "paddlenlp_ext"},

@@ -246,14 +246,35 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     return o, lse
 
 
-def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float, deterministic: bool):
+_GLUON_FAILED: list = []  # the first exception of the Gluon backward in this process (then Triton only)
+
+
+def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
+    """Whether the backward runs the Gluon kernel (``gluon_bwd``: five products per tile, warp-specialised).
+
+    Yes when ``FLASHMASK_BWD`` is ``auto`` (default) or ``gluon``, ``deterministic`` is False (its dQ is summed
+    with atomics), the GPU is sm_90 (Hopper: H100 / H200), q, k, v, dO are contiguous bf16 / fp16 with D = 128,
+    ``S_q % 64 == 0`` and ``S_k % 128 == 0``, Triton has Gluon, and it has not failed before in this process.
+    ``FLASHMASK_BWD=triton`` keeps the Triton kernels (the reference path; bitwise reproducible dQ)."""
+    mode = _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton"))
+    if mode == "triton" or deterministic or _GLUON_FAILED or _interpreting() or not q.is_cuda:
+        return False
     b, s_q, h_q, d = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    d_pad = _pow2(d)
-    cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
-    lpt = lpt_enabled()
-    flags = dict(_flags(mv, causal, q.dtype), DP_FIRST=dp_first(d_pad), LPT=lpt)
-    # Delta = rowsum(dO * O) - dLSE and LSE in log2 units, fp32 [B, H_q, S_q], in one pass over O and dO
+    if (d != 128 or q.dtype not in (torch.bfloat16, torch.float16) or s_q % 64 or k.shape[1] % 128
+            or torch.cuda.get_device_capability(q.device) != (9, 0)):
+        return False
+    if any(t.dtype != q.dtype or not t.is_contiguous() for t in (k, v, do)) or not q.is_contiguous():
+        return False
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _preprocess(o, do, lse, dlse):
+    """Delta = rowsum(dO * O) - dLSE and LSE in log2 units, fp32 ``[B, H_q, S_q]``, in one pass over O and dO."""
+    b, s_q, h_q, d = o.shape
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
     dlse_c = dlse.float().contiguous() if dlse is not None else lse
@@ -261,8 +282,31 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     _launch(_flashmask_bwd_preprocess_kernel, (triton.cdiv(s_q, pre_bm), b * h_q),
         o, do, lse.contiguous(), dlse_c, delta, lse2, o.stride(0), o.stride(1), o.stride(2),
         do.stride(0), do.stride(1), do.stride(2), s_q, h_q, LOG2E,
-        D=d, BLOCK_D=d_pad, BLOCK_M=pre_bm, HAS_DLSE=dlse is not None, num_warps=4, num_stages=1,
+        D=d, BLOCK_D=_pow2(d), BLOCK_M=pre_bm, HAS_DLSE=dlse is not None, num_warps=4, num_stages=1,
     )
+    return delta, lse2
+
+
+def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float, deterministic: bool):
+    b, s_q, h_q, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    d_pad = _pow2(d)
+    delta, lse2 = _preprocess(o, do, lse, dlse)
+    if gluon_bwd_eligible(q, k, v, do, deterministic):
+        try:
+            from . import gluon_bwd
+
+            return gluon_bwd.launch(do, q, k, v, lse2, delta, mv, causal, scale, LOG2E)
+        except Exception as e:  # a Triton without this Gluon API, or a compile failure: keep training on Triton
+            if _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton")) == "gluon":
+                raise
+            _GLUON_FAILED.append(e)
+            warnings.warn(f"flashmask: the Gluon backward failed ({type(e).__name__}: {str(e)[:300]}); using the "
+                          f"Triton backward from now on (FLASHMASK_BWD=triton silences this)", RuntimeWarning,
+                          stacklevel=2)
+    cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
+    lpt = lpt_enabled()
+    flags = dict(_flags(mv, causal, q.dtype), DP_FIRST=dp_first(d_pad), LPT=lpt)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     split = gqa_split(h_q // h_k, b * s_k * h_k * d)

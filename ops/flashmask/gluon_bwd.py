@@ -1,0 +1,292 @@
+"""FlashMask backward in Gluon for Hopper: five products per tile, warp-specialised (session 10).
+
+The Triton backward (``triton_bwd``) issues seven GEMM-sized products per (query block, key block) pair: S, dP,
+dV, dK in the dK/dV kernel and S, dP, dQ again in the dQ kernel. FlashAttention-3 / FlashMask V3 issue five, with
+dQ reduced outside the products' critical path. Triton cannot express that schedule (``docs/kernel_notes.md``,
+v7); Triton's Gluon dialect can. One program per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
+
+- **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps each, each owning
+  64 keys end to end and never waiting for the other: for every listed query block (``IDX``, the dK/dV visit
+  list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones; every query head of the
+  GQA group in turn), S^T = K_w Q^T, P^T (element mask on partial blocks only), dV += P^T dO, dP^T = V_w dO^T,
+  dS^T = P^T (dP^T - Delta), dK += dS^T Q, then the *partial* dQ = dS_w K_w over its 64 keys, written to its own
+  fp32 tile in shared memory. Each product is waited for at once (as in Triton's dK/dV kernel, whose two
+  warpgroups overlap each other's softmax with their products because nothing synchronises them);
+- **loader / reducer** (4 warps, 48 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
+  consumers release, and per visited query block the sum of the two partial dQ tiles added into the fp32
+  ``dq_accum`` with atomics (the scaled cast to the output dtype is a torch op afterwards).
+
+Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
+FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 in
+``docs/kernel_notes.md`` (v8) and ``docs/benchmarks.md`` (session 10). dQ is summed with atomics, so it is not
+bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+
+BLOCK_M = gl.constexpr(64)  # query rows per visited block
+BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
+
+
+@gluon.jit
+def _visit(IDX, n_part, n_tot, f_lo, t, G: gl.constexpr):
+    """Visit ``t`` of a program: (query head offset g in the GQA group, list position i, query block m).
+
+    Unmasked blocks that form one contiguous run (``f_lo >= 0``, nearly every key block of the common masks) are
+    computed, not loaded. A program with an empty list (n_tot = 0) issues no visit; its predicated-off prologue
+    reads entry 0."""
+    g = t // gl.maximum(n_tot, 1)
+    i = t - g * n_tot
+    if (i >= n_part) & (f_lo >= 0):
+        m = f_lo + (i - n_part)
+    else:
+        m = gl.load(IDX + i)
+    return g, i, m
+
+
+@gluon.jit
+def _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, bar, slot, q_row,
+                 q_col, lse_row, pred):
+    nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
+    mbarrier.expect(bar, nbytes, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], bar, q_bufs.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [q_row, q_col], bar, do_bufs.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(lse_desc, [lse_row, 0], bar, lse_bufs.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(delta_desc, [lse_row, 0], bar, delta_bufs.index(slot), pred=pred)
+
+
+@gluon.jit
+def _loads_for(t, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX, n_part,
+               n_tot, f_lo, b, hk, S_q, H_q, G: gl.constexpr, D: gl.constexpr, pred):
+    NS: gl.constexpr = q_bufs.type.shape[0]
+    g, i, m = _visit(IDX, n_part, n_tot, f_lo, t, G)
+    h = hk * G + g
+    s = t % NS
+    _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready.index(s), s,
+                 b * S_q + m * BLOCK_M, h * D, (b * H_q + h) * (S_q // BLOCK_M) + m, pred)
+
+
+@gluon.jit
+def _loader_reducer(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty,
+                    dq_bufs, dq_ready, dq_empty, dq_accum, IDX, n_part, n_tot, f_lo, b, hk, S_q, H_q,
+                    G: gl.constexpr, D: gl.constexpr):
+    NS: gl.constexpr = q_bufs.type.shape[0]
+    CH: gl.constexpr = 8  # rows of a dQ tile per reduction pass (8 values per thread and tile)
+    blk: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    offs = (gl.arange(0, CH, layout=gl.SliceLayout(1, blk))[:, None] * D
+            + gl.arange(0, D, layout=gl.SliceLayout(0, blk))[None, :])
+    n_visits = G * n_tot
+    for t in gl.static_range(NS - 1):  # prologue: the first NS - 1 visits
+        _loads_for(t, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX,
+                   n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D, t < n_visits)
+    for t in range(n_visits):
+        j = t + NS - 1  # load visit j while the consumers work on visit t
+        if j < n_visits:
+            mbarrier.wait(q_empty.index(j % NS), ((j // NS) & 1) ^ 1)
+            _loads_for(j, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX,
+                       n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D, True)
+        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t, G)
+        mbarrier.wait(dq_ready, t & 1)  # both consumers' partial tiles of visit t
+        base = dq_accum + ((b * H_q + hk * G + g) * S_q + m * BLOCK_M) * D
+        for r in gl.static_range(0, BLOCK_M, CH):
+            vals = dq_bufs.index(0).slice(r, CH, dim=0).load(blk) + dq_bufs.index(1).slice(r, CH, dim=0).load(blk)
+            gl.atomic_add(base + r * D + offs, vals, sem="relaxed")
+        gl.thread_barrier()
+        mbarrier.arrive(dq_empty, count=1)
+
+
+@gluon.jit
+def _consumer(w: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
+              dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot, f_lo, n, LTS, LTE, UTS,
+              UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+              HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
+    NS: gl.constexpr = q_bufs.type.shape[0]
+    KW: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
+    DQ_N: gl.constexpr = D // 2  # the partial dQ tile in two products of D/2 columns (32 accumulator registers)
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BLOCK_M, 16])
+    mma_kd: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    mma_dq: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, DQ_N, 16])
+    a_kd: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_kd, k_width=2)
+    dt: gl.constexpr = q_bufs.dtype
+    k_w = k_smem.slice(w * KW, KW, dim=0)
+    v_w = v_smem.slice(w * KW, KW, dim=0)
+    ds_w = ds_bufs.index(w)  # [KW, BLOCK_M]: dS^T of this warpgroup's keys
+    dq_w = dq_bufs.index(w)  # [BLOCK_M, D] fp32: this warpgroup's partial dQ tile
+    dk = gl.zeros([KW, D], gl.float32, layout=mma_kd)
+    dv = gl.zeros([KW, D], gl.float32, layout=mma_kd)
+    zero_s = gl.zeros([KW, BLOCK_M], gl.float32, layout=mma_s)
+    zero_dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=mma_dq)
+    offs_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_s))
+    keys = n * BLOCK_N + w * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, mma_s))
+    # the mask columns of this warpgroup's keys, loaded once ([KW] each; absent vectors are never read)
+    lts = keys
+    lte = keys
+    uts = keys
+    ute = keys
+    if HAS_MASK:
+        lts = gl.load(LTS + vec_off + keys)
+        if HAS_LTE:
+            lte = gl.load(LTE + vec_off + keys)
+        if HAS_UT:
+            ute = gl.load(UTE + vec_off + keys)
+            if HAS_UTS:
+                uts = gl.load(UTS + vec_off + keys)
+    for t in range(G * n_tot):
+        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t, G)
+        s = t % NS
+        mbarrier.wait(q_ready.index(s), (t // NS) & 1)
+        q_s = q_bufs.index(s)
+        do_s = do_bufs.index(s)
+        sT = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_s, use_acc=False)  # [KW keys, BLOCK_M queries]
+        pT = gl.exp2(sT * qk_scale - lse_bufs.index(s).load(mma_s))  # LSE in log2 units, +inf on empty rows
+        if i < n_part:  # a partially masked block: the element mask (FlashMask's LTS/LTE/UTS/UTE, causal)
+            rows = (m * BLOCK_M + offs_q)[None, :]
+            masked = rows < 0
+            if CAUSAL:
+                masked = masked | (keys[:, None] > rows)
+            if HAS_MASK:
+                down = rows >= lts[:, None]
+                if HAS_LTE:
+                    down = down & (rows < lte[:, None])
+                masked = masked | down
+                if HAS_UT:
+                    up = rows < ute[:, None]
+                    if HAS_UTS:
+                        up = up & (rows >= uts[:, None])
+                    masked = masked | up
+            pT = gl.where(masked, 0.0, pT)
+        dv = warpgroup_mma(gl.convert_layout(pT.to(dt), a_kd), do_s, dv)
+        dpT = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False)
+        dsT = (pT * (dpT - delta_bufs.index(s).load(mma_s))).to(dt)
+        dk = warpgroup_mma(gl.convert_layout(dsT, a_kd), q_s, dk)
+        mbarrier.wait(dq_empty, (t & 1) ^ 1)  # the reducer has taken the previous partial tiles
+        ds_w.store(dsT)
+        fence_async_shared()
+        gl.thread_barrier()  # this warpgroup's 4 warps (the partition), not the other consumer
+        for c in gl.static_range(0, D, DQ_N):
+            dq = warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(c, DQ_N, dim=1), zero_dq, use_acc=False)
+            dq_w.slice(c, DQ_N, dim=1).store(dq)
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(s), count=1)  # one of the two consumers' arrivals
+        mbarrier.arrive(dq_ready, count=1)
+    # K_w and V_w are read by this warpgroup only: they stage its dK and dV for the TMA stores
+    k_w.store((dk * sm_scale).to(dt))
+    v_w.store(dv.to(dt))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dk_desc, [kv_row + w * KW, kv_col], k_w)
+    tma.async_copy_shared_to_global(dv_desc, [kv_row + w * KW, kv_col], v_w)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def flashmask_bwd_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_accum, LTS, LTE, UTS, UTE,
+    IDX, NPART, NFULL, FLO, S_q, S_k, H_q, H_k, H_mask, NUM_N, NUM_M, qk_scale, sm_scale,
+    G: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr,
+    HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr,
+):
+    """dK, dV (scaled, stored) and the unscaled fp32 dQ sum of one key block of one KV head.
+
+    Grid ``(S_k // BLOCK_N, B * H_k)``; ``num_warps=4`` plus two 4-warp workers, ``maxnreg=168`` (12 warps share
+    the register file: the consumers get 224 / 232 registers, the loader / reducer 48).
+    Descriptors over ``[B*S, H*D]`` views: q / do boxes ``[BLOCK_M, D]``, k / v ``[BLOCK_N, D]``, dk / dv
+    ``[BLOCK_N // 2, D]``; lse (log2 units, +inf on empty rows) and delta fp32 ``[B*H_q*S_q/BLOCK_M, BLOCK_M]``,
+    boxes ``[1, BLOCK_M]``. ``dq_accum``: zeroed fp32 ``[B*H_q, S_q, D]``. ``IDX`` / ``NPART`` / ``NFULL`` /
+    ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table per (batch, mask head) with a mask,
+    one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
+    """
+    n = gl.program_id(0)
+    bhk = gl.program_id(1)
+    b = bhk // H_k
+    hk = bhk % H_k
+    bm = b * H_mask + (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
+    lrow = n
+    if HAS_MASK:
+        lrow += bm * NUM_N
+    n_part = gl.load(NPART + lrow)
+    n_tot = n_part + gl.load(NFULL + lrow)
+    f_lo = gl.load(FLO + lrow)
+    IDX_row = IDX + lrow * NUM_M
+    dt: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_M, D], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_M, D], do_desc.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [NS, 1, BLOCK_M], lse_desc.layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [NS, 1, BLOCK_M], delta_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], dt)
+    ds_bufs = gl.allocate_shared_memory(dt, [2, BLOCK_N // 2, BLOCK_M], ds_layout)
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(NS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
+    mbarrier.init(dq_ready, count=2)  # both partial tiles written
+    mbarrier.init(dq_empty, count=1)
+    kv_row = b * S_k + n * BLOCK_N
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, hk * D], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, hk * D], kv_bar, v_smem)
+    mbarrier.wait(kv_bar, 0)
+    vec_off = bm * S_k
+    gl.warp_specialize([
+        (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs, dq_bufs,
+                     dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n, LTS,
+                     LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+        (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs, dq_bufs,
+                     dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n, LTS,
+                     LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+        (_loader_reducer, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready,
+                           q_empty, dq_bufs, dq_ready, dq_empty, dq_accum, IDX_row, n_part, n_tot, f_lo, b, hk, S_q,
+                           H_q, G, D)),
+    ], [4, 4], [232, 48])
+
+
+def launch(do, q, k, v, lse2, delta, mv, causal: bool, scale: float, log2e: float):
+    """Host side: descriptors, visit lists and the launch; returns ``(dq, dk, dv)`` like q, k, v.
+
+    Args:
+        do, q, k, v: contiguous ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU, ``S_q % 64 == 0``,
+            ``S_k % 128 == 0`` (``eligible`` checks this).
+        lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_bwd._flashmask_bwd_preprocess_kernel``.
+        mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as the forward.
+    """
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    bm, bn = BLOCK_M.value, BLOCK_N.value
+    b, s_q, h_q, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+
+    def desc(t, rows, cols, block):
+        dt = gl.float32 if t.dtype == torch.float32 else gdt
+        return TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_accum = torch.zeros(b * h_q, s_q, d, dtype=torch.float32, device=q.device)
+    idx, n_part, n_full, full_lo = mv.block_lists(bm, bn, True)  # [L, NUM_N, NUM_M]
+    lrows = b * h_q * s_q // bm
+    flashmask_bwd_gluon_kernel[(s_k // bn, b * h_k)](
+        desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
+        desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
+        desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
+        dq_accum, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q, s_k, h_q, h_k, mv.h_mask,
+        idx.shape[1], idx.shape[2], scale * log2e, scale, G=h_q // h_k, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask,
+        HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
+    dq = torch.empty_like(q)
+    torch.mul(dq_accum.view(b, h_q, s_q, d).transpose(1, 2), scale, out=dq)
+    return dq, dk, dv

@@ -1,0 +1,70 @@
+"""Which backward runs (``triton_flashmask.gluon_bwd_eligible``) and the fallback to the Triton kernels, on CPU.
+
+The Gluon kernel itself needs an sm_90 GPU (tests/gpu/test_gluon_bwd_gpu.py); here its launcher is replaced by
+one that raises, to check that ``FLASHMASK_BWD=auto`` warns once and finishes on the Triton kernels with the
+right gradients, and that ``FLASHMASK_BWD=gluon`` raises instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from flashmask import triton_flashmask as tf  # noqa: E402
+
+
+def _grads(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(1, 64, 2, 32, generator=g) for _ in range(4))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = tf.flashmask_attention_triton(q, k, v, None, True, 32 ** -0.5, False)[0]
+    return torch.autograd.grad(out, (q, k, v), do)
+
+
+def test_not_eligible_on_cpu_or_when_deterministic(monkeypatch):
+    q = torch.zeros(1, 128, 2, 128, dtype=torch.bfloat16)
+    monkeypatch.setenv("FLASHMASK_BWD", "auto")
+    assert not tf.gluon_bwd_eligible(q, q, q, q, deterministic=False)  # not a CUDA tensor
+    assert not tf.gluon_bwd_eligible(q, q, q, q, deterministic=True)
+
+
+def test_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("FLASHMASK_BWD", "cuda")
+    with pytest.raises(ValueError, match="FLASHMASK_BWD"):
+        tf.gluon_bwd_eligible(torch.zeros(1, 128, 2, 128), torch.zeros(1, 128, 2, 128),
+                              torch.zeros(1, 128, 2, 128), torch.zeros(1, 128, 2, 128), deterministic=False)
+
+
+def _broken_gluon(monkeypatch):
+    gluon_bwd = pytest.importorskip("flashmask.gluon_bwd")  # a Triton with Gluon (3.5+)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("no Gluon here")
+
+    monkeypatch.setattr(tf, "gluon_bwd_eligible", lambda *a, **k: True)
+    monkeypatch.setattr(gluon_bwd, "launch", boom)
+    monkeypatch.setattr(tf, "_GLUON_FAILED", [])
+
+
+def test_auto_falls_back_to_triton_once(monkeypatch):
+    monkeypatch.setenv("FLASHMASK_BWD", "triton")
+    want = _grads()
+    monkeypatch.setenv("FLASHMASK_BWD", "auto")
+    _broken_gluon(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="Gluon backward failed.*no Gluon here"):
+        got = _grads()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert len(tf._GLUON_FAILED) == 1
+
+
+def test_forced_gluon_raises(monkeypatch):
+    monkeypatch.setenv("FLASHMASK_BWD", "gluon")
+    _broken_gluon(monkeypatch)
+    with pytest.raises(RuntimeError, match="no Gluon here"):
+        _grads()
