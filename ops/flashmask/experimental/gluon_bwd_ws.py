@@ -30,16 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-
-@gluon.jit
-def _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, bar, slot, row,
-                 lse_row, q_col, pred):
-    nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
-    mbarrier.expect(bar, nbytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [row, q_col], bar, q_bufs.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [row, q_col], bar, do_bufs.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(lse_desc, [lse_row, 0], bar, lse_bufs.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(delta_desc, [lse_row, 0], bar, delta_bufs.index(slot), pred=pred)
+from ..gluon_bwd import _issue_loads
 
 
 @gluon.jit
@@ -83,7 +74,7 @@ def _worker(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, de
     if LOAD:
         for i in gl.static_range(NS - 1):  # prologue: the first NS - 1 query blocks
             _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                         q_ready.index(i), i, q_row0 + (m_lo + i) * BLOCK_M, lse_row0 + m_lo + i, q_col, i < n_m)
+                         q_ready.index(i), i, q_row0 + (m_lo + i) * BLOCK_M, q_col, lse_row0 + m_lo + i, i < n_m)
     for it in range(n_m):
         if LOAD:
             j = it + NS - 1  # load query block j while the compute partition works on block it
@@ -91,7 +82,7 @@ def _worker(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, de
                 s = j % NS
                 mbarrier.wait(q_empty.index(s), ((j // NS) & 1) ^ 1)
                 _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                             q_ready.index(s), s, q_row0 + (m_lo + j) * BLOCK_M, lse_row0 + m_lo + j, q_col, True)
+                             q_ready.index(s), s, q_row0 + (m_lo + j) * BLOCK_M, q_col, lse_row0 + m_lo + j, True)
         if REDUCE:
             _reduce_dq(dq_bufs, dq_ready, dq_empty, dq_accum, m_lo, it, BLOCK_M, D, WARPS, NO_ATOMIC, VEC_RED)
 
