@@ -143,8 +143,10 @@ def flashmask_attention(
         window_size: sliding window (``w`` causal, ``(wl, wr)`` bidirectional); exclusive with indices.
         dropout: must be 0.0; attention dropout is not implemented (a non-zero value raises).
         return_softmax_lse: also return the natural-log LSE, fp32 ``[B, H_q, S_q]`` (-inf for empty rows).
-        deterministic: guarantee a bitwise-reproducible backward (the Triton default already is: dQ comes from
-            its own kernel without atomics unless FLASHMASK_ATOMIC_DQ is 1 or tma).
+        deterministic: guarantee a bitwise-reproducible backward (as does
+            ``torch.use_deterministic_algorithms(True)``). Without it the Triton path is reproducible too (dQ
+            from its own kernel, no atomics) except on sm_90 GPUs at head dim 128, where the faster Gluon
+            backward sums dQ with atomics, and with FLASHMASK_ATOMIC_DQ=1 / tma.
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
             choice never falls back.
 

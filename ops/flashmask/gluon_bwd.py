@@ -37,8 +37,8 @@ def _visit(IDX, n_part, n_tot, f_lo, t, G: gl.constexpr):
     """Visit ``t`` of a program: (query head offset g in the GQA group, list position i, query block m).
 
     Unmasked blocks that form one contiguous run (``f_lo >= 0``, nearly every key block of the common masks) are
-    computed, not loaded. A program with an empty list (n_tot = 0) issues no visit; its predicated-off prologue
-    reads entry 0."""
+    computed, not loaded. A program with an empty list (n_tot = 0) issues no visit (its prologue is predicated
+    off)."""
     g = t // gl.maximum(n_tot, 1)
     i = t - g * n_tot
     if (i >= n_part) & (f_lo >= 0):
@@ -100,12 +100,13 @@ def _loader_reducer(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_
 
 
 @gluon.jit
-def _consumer(w: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
+def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
               dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot, f_lo, n, LTS, LTE, UTS,
               UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
               HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
     NS: gl.constexpr = q_bufs.type.shape[0]
     KW: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
+    mbarrier.wait(kv_bar, 0)  # K / V in shared memory (each reader observes the barrier itself)
     DQ_N: gl.constexpr = D // 2  # the partial dQ tile in two products of D/2 columns (32 accumulator registers)
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
@@ -240,29 +241,35 @@ def flashmask_bwd_gluon_kernel(
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, hk * D], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [kv_row, hk * D], kv_bar, v_smem)
-    mbarrier.wait(kv_bar, 0)
     vec_off = bm * S_k
     gl.warp_specialize([
-        (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs, dq_bufs,
-                     dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n, LTS,
-                     LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
-        (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs, dq_bufs,
-                     dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n, LTS,
-                     LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+        (_consumer, (0, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
+                     dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
+                     LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
+                     HAS_UTS)),
+        (_consumer, (1, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
+                     dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
+                     LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
+                     HAS_UTS)),
         (_loader_reducer, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready,
                            q_empty, dq_bufs, dq_ready, dq_empty, dq_accum, IDX_row, n_part, n_tot, f_lo, b, hk, S_q,
                            H_q, G, D)),
     ], [4, 4], [232, 48])
 
 
-def launch(do, q, k, v, lse2, delta, mv, causal: bool, scale: float, log2e: float):
-    """Host side: descriptors, visit lists and the launch; returns ``(dq, dk, dv)`` like q, k, v.
+def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2e: float):
+    """Host side: descriptors and the launch; returns ``(dq, dk, dv)`` like q, k, v.
 
     Args:
-        do, q, k, v: contiguous ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU, ``S_q % 64 == 0``,
-            ``S_k % 128 == 0`` (``eligible`` checks this).
+        do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU,
+            ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``triton_flashmask.gluon_bwd_eligible`` checks all of it).
         lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_bwd._flashmask_bwd_preprocess_kernel``.
-        mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as the forward.
+        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=True)``.
+        mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as the forward. log2e: log2(e).
+
+    Raises:
+        ValueError: a shape or layout outside the kernel's scope (named in the message): the tail of a
+            sequence that is not a multiple of the tile would otherwise be left uncomputed.
     """
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -270,6 +277,13 @@ def launch(do, q, k, v, lse2, delta, mv, causal: bool, scale: float, log2e: floa
     bm, bn = BLOCK_M.value, BLOCK_N.value
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
+    if d != 128 or s_q % bm or s_k % bn:
+        raise ValueError(f"gluon_bwd.launch: needs head dim 128, S_q % {bm} == 0 and S_k % {bn} == 0; got D={d}, "
+                         f"S_q={s_q}, S_k={s_k}")
+    for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
+        if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
+            raise ValueError(f"gluon_bwd.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
+                             f"{t.dtype}, strides {t.stride()}")
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
 
     def desc(t, rows, cols, block):
@@ -278,7 +292,7 @@ def launch(do, q, k, v, lse2, delta, mv, causal: bool, scale: float, log2e: floa
 
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_accum = torch.zeros(b * h_q, s_q, d, dtype=torch.float32, device=q.device)
-    idx, n_part, n_full, full_lo = mv.block_lists(bm, bn, True)  # [L, NUM_N, NUM_M]
+    idx, n_part, n_full, full_lo = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 3
     lrows = b * h_q * s_q // bm
     flashmask_bwd_gluon_kernel[(s_k // bn, b * h_k)](
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),

@@ -3,7 +3,8 @@
 Shape legend: B batch, S_q / S_k query / key length, H_q / H_k query / kv heads, H_mask mask heads (1 or H_k),
 D head dim (any size; padded to the next power of two >= 16 inside the kernels with masking).
 
-Kernels: ``triton_fwd`` (forward), ``triton_bwd`` (dK/dV column-parallel + dQ), ``triton_blocklists``
+Kernels: ``triton_fwd`` (forward), ``triton_bwd`` (dK/dV column-parallel + dQ), ``gluon_bwd`` (the backward on
+sm_90 at D = 128: warp-specialised, five products per tile; :func:`gluon_bwd_eligible`), ``triton_blocklists``
 (per-key-block min/max and visit lists; torch reference in ``triton_prep``). Algorithm: FlashMask (Wang et al.,
 ICLR 2025, arXiv 2410.01359) on a FlashAttention-2 schedule; see docs/kernel_notes.md.
 
@@ -246,30 +247,57 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     return o, lse
 
 
-_GLUON_FAILED: list = []  # the first exception of the Gluon backward in this process (then Triton only)
+_GLUON_FAILED: list = []  # "Type: message" of the Gluon backward's first failure in this process (then Triton only)
 
 
 def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
     """Whether the backward runs the Gluon kernel (``gluon_bwd``: five products per tile, warp-specialised).
 
-    Yes when ``FLASHMASK_BWD`` is ``auto`` (default) or ``gluon``, ``deterministic`` is False (its dQ is summed
-    with atomics), the GPU is sm_90 (Hopper: H100 / H200), q, k, v, dO are contiguous bf16 / fp16 with D = 128,
-    ``S_q % 64 == 0`` and ``S_k % 128 == 0``, Triton has Gluon, and it has not failed before in this process.
-    ``FLASHMASK_BWD=triton`` keeps the Triton kernels (the reference path; bitwise reproducible dQ)."""
+    Yes when ``FLASHMASK_BWD`` is ``auto`` (default) or ``gluon``; the call does not ask for reproducibility
+    (``deterministic`` False and ``torch.are_deterministic_algorithms_enabled()`` False: its dQ is summed with
+    atomics); the GPU is an NVIDIA sm_90 (H100 / H200); q, k, v, dO are contiguous, 16-byte aligned bf16 / fp16
+    with D = 128, ``S_q % 64 == 0`` and ``S_k % 128 == 0``; Triton has Gluon; and it has not failed before in this
+    process. ``FLASHMASK_BWD=triton`` keeps the Triton kernels (the reference path; bitwise reproducible dQ; the
+    only one that the backward tuning switches ``FLASHMASK_BWD_CFG`` / ``ATOMIC_DQ`` / ``DP_FIRST`` / ``LPT`` /
+    ``GQA_SPLIT`` / ``TMA`` act on)."""
     mode = _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton"))
-    if mode == "triton" or deterministic or _GLUON_FAILED or _interpreting() or not q.is_cuda:
+    if (mode == "triton" or deterministic or torch.are_deterministic_algorithms_enabled() or _GLUON_FAILED
+            or _interpreting() or not q.is_cuda or torch.version.hip is not None):
         return False
     b, s_q, h_q, d = q.shape
     if (d != 128 or q.dtype not in (torch.bfloat16, torch.float16) or s_q % 64 or k.shape[1] % 128
             or torch.cuda.get_device_capability(q.device) != (9, 0)):
         return False
-    if any(t.dtype != q.dtype or not t.is_contiguous() for t in (k, v, do)) or not q.is_contiguous():
+    if any(t.dtype != q.dtype or not t.is_contiguous() or t.data_ptr() % 16 for t in (q, k, v, do)):
         return False
     try:
         import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _gluon_bwd(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, scale: float):
+    """The Gluon backward, or None when it failed and the Triton kernels should run instead.
+
+    ``FLASHMASK_BWD=gluon`` re-raises, and so does a failure while a CUDA graph is captured (the capture may be
+    invalid already). Out of memory falls back for this call only; any other failure (a Triton whose Gluon API
+    differs, a compile error) warns once and switches this process to the Triton kernels."""
+    from . import gluon_bwd
+
+    try:
+        return gluon_bwd.launch(do, q, k, v, lse2, delta, _lists(mv, gluon_bwd.BLOCK_M.value,
+                                                                   gluon_bwd.BLOCK_N.value, by_key=True),
+                                mv, causal, scale, LOG2E)
+    except Exception as e:
+        if _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton")) == "gluon" or _capturing(q.device):
+            raise
+        if isinstance(e, torch.OutOfMemoryError):
+            return None
+        _GLUON_FAILED.append(f"{type(e).__name__}: {str(e)[:300]}")  # a string: no frames (tensors) kept alive
+    warnings.warn(f"flashmask: the Gluon backward failed ({_GLUON_FAILED[-1]}); using the Triton backward from now "
+                  f"on (FLASHMASK_BWD=triton silences this)", RuntimeWarning, stacklevel=3)
+    return None
 
 
 def _preprocess(o, do, lse, dlse):
@@ -293,17 +321,9 @@ def _bwd(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: float,
     d_pad = _pow2(d)
     delta, lse2 = _preprocess(o, do, lse, dlse)
     if gluon_bwd_eligible(q, k, v, do, deterministic):
-        try:
-            from . import gluon_bwd
-
-            return gluon_bwd.launch(do, q, k, v, lse2, delta, mv, causal, scale, LOG2E)
-        except Exception as e:  # a Triton without this Gluon API, or a compile failure: keep training on Triton
-            if _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton")) == "gluon":
-                raise
-            _GLUON_FAILED.append(e)
-            warnings.warn(f"flashmask: the Gluon backward failed ({type(e).__name__}: {str(e)[:300]}); using the "
-                          f"Triton backward from now on (FLASHMASK_BWD=triton silences this)", RuntimeWarning,
-                          stacklevel=2)
+        grads = _gluon_bwd(do, q, k, v, lse2, delta, mv, causal, scale)
+        if grads is not None:
+            return grads
     cfg = bwd_config(d_pad, q.dtype, q.is_cuda and not _interpreting())
     lpt = lpt_enabled()
     flags = dict(_flags(mv, causal, q.dtype), DP_FIRST=dp_first(d_pad), LPT=lpt)
@@ -555,10 +575,13 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         startend_row_indices: int32 ``[B, H_mask, S_k, C]`` or None (semantics in :mod:`flashmask.dense`).
         causal: FlashMask causal mode (requires S_q == S_k, checked by the API).
         softmax_scale: score multiplier.
-        deterministic: guarantee a bitwise reproducible backward. The default backward already is: it computes
-            dQ in a separate row-parallel kernel (no atomics; fastest on the H200). With ``deterministic=False``,
-            ``FLASHMASK_ATOMIC_DQ=1`` switches dQ to fp32 thread atomics and ``=tma`` to TMA bulk reduce-adds
-            (Hopper, EVEN launches; thread atomics otherwise, including the CPU interpreter).
+        deterministic: guarantee a bitwise reproducible backward (also implied by
+            ``torch.use_deterministic_algorithms(True)``): the Triton kernels, which compute dQ in a separate
+            row-parallel kernel (no atomics). With ``deterministic=False`` on an sm_90 GPU at D = 128 the Gluon
+            backward runs instead (``gluon_bwd``; dQ summed with fp32 atomics, not bitwise reproducible; see
+            :func:`gluon_bwd_eligible`); elsewhere the Triton kernels, where ``FLASHMASK_ATOMIC_DQ=1`` switches dQ to
+            fp32 thread atomics and ``=tma`` to TMA bulk reduce-adds (Hopper, EVEN launches; thread atomics
+            otherwise, including the CPU interpreter).
 
     Raises:
         RuntimeError: tensors on CPU without ``TRITON_INTERPRET=1`` (set before triton is imported).

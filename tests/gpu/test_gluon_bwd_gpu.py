@@ -53,7 +53,8 @@ def test_gluon_random_masks(gluon_calls, dtype, mode, s):
 
 
 @pytest.mark.parametrize("name", ["causal_document", "document", "share_question", "sliding_window",
-                                  "global_sliding", "prefix_lm_causal", "qk_sparse", "random_eviction_per_head"])
+                                  "global_sliding", "prefix_lm_causal", "prefix_lm_document", "causal_blockwise",
+                                  "qk_sparse", "random_eviction_per_head"])
 def test_gluon_mask_builders(gluon_calls, name):
     s = 3072
     m = _builder_masks(s)[name]
@@ -62,12 +63,14 @@ def test_gluon_mask_builders(gluon_calls, name):
     assert gluon_calls
 
 
-def test_gluon_cross_lengths(gluon_calls):
-    """S_q = 1024 queries over S_k = 2048 keys (a bidirectional mask with 4 vectors)."""
-    s_q, s_k = 1024, 2048
-    g = torch.Generator().manual_seed(11)
-    r = torch.sort(torch.randint(0, s_q + 1, (1, 2, s_k, 4), generator=g), dim=-1).values
-    sri = torch.stack([r[..., 2], r[..., 3], r[..., 0], r[..., 1]], -1).to(torch.int32).cuda()  # LTS, LTE, UTS, UTE
+@pytest.mark.parametrize("s_q,s_k,masked", [(1024, 2048, True), (1088, 1024, True), (576, 1024, False)])
+def test_gluon_cross_lengths(gluon_calls, s_q, s_k, masked):
+    """S_q != S_k (shorter and longer than S_k, and S_q % 128 == 64): a bidirectional mask with 4 vectors, or none."""
+    sri = None
+    if masked:
+        g = torch.Generator().manual_seed(s_q + s_k)
+        r = torch.sort(torch.randint(0, s_q + 1, (1, 2, s_k, 4), generator=g), dim=-1).values
+        sri = torch.stack([r[..., 2], r[..., 3], r[..., 0], r[..., 1]], -1).to(torch.int32).cuda()  # LTS LTE UTS UTE
     q, _, _, do = qkv(1, s_q, 4, 2, 128, torch.bfloat16, 12)
     _, k, v, _ = qkv(1, s_k, 4, 2, 128, torch.bfloat16, 13)
     check(q, k, v, do, sri, False)
@@ -83,6 +86,10 @@ def test_gluon_not_used_when_deterministic_or_ineligible(monkeypatch):
     monkeypatch.setenv("FLASHMASK_BWD", "auto")
     assert not gluon_bwd_eligible(q, q, q, q, deterministic=True)
     assert not gluon_bwd_eligible(q[..., :64].contiguous(), q, q, q, deterministic=False)  # D = 64
+    odd = torch.zeros(1 + q.numel(), device="cuda", dtype=q.dtype)[1:].view(q.shape)  # contiguous, misaligned
+    assert not gluon_bwd_eligible(odd, q, q, q, deterministic=False)
+    with _deterministic_algorithms():  # torch.use_deterministic_algorithms(True) asks for reproducibility too
+        assert not gluon_bwd_eligible(q, q, q, q, deterministic=False)
     monkeypatch.setenv("FLASHMASK_BWD", "triton")
     assert not gluon_bwd_eligible(q, q, q, q, deterministic=False)
 
@@ -125,3 +132,14 @@ def test_gluon_backward_in_cuda_graph(gluon_calls):
     replay_b = [t.clone() for t in static]
     close(replay_b, step())
     assert gluon_calls
+
+
+class _deterministic_algorithms:
+    """``torch.use_deterministic_algorithms(True)`` for a block, restoring the previous setting."""
+
+    def __enter__(self):
+        self.was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.was)

@@ -2,7 +2,8 @@
 
 The Gluon kernel itself needs an sm_90 GPU (tests/gpu/test_gluon_bwd_gpu.py); here its launcher is replaced by
 one that raises, to check that ``FLASHMASK_BWD=auto`` warns once and finishes on the Triton kernels with the
-right gradients, and that ``FLASHMASK_BWD=gluon`` raises instead.
+right gradients (and stays there), that out of memory falls back for one call only, and that
+``FLASHMASK_BWD=gluon`` raises instead.
 """
 
 from __future__ import annotations
@@ -40,31 +41,47 @@ def test_bad_env_value_names_the_variable(monkeypatch):
                               torch.zeros(1, 128, 2, 128), torch.zeros(1, 128, 2, 128), deterministic=False)
 
 
-def _broken_gluon(monkeypatch):
+def _broken_gluon(monkeypatch, exc):
+    """Eligible whenever the Gluon path has not failed before; its launcher raises ``exc``. Returns the calls."""
     gluon_bwd = pytest.importorskip("flashmask.gluon_bwd")  # a Triton with Gluon (3.5+)
+    calls = []
 
     def boom(*args, **kwargs):
-        raise RuntimeError("no Gluon here")
+        calls.append(1)
+        raise exc
 
-    monkeypatch.setattr(tf, "gluon_bwd_eligible", lambda *a, **k: True)
+    monkeypatch.setattr(tf, "gluon_bwd_eligible", lambda *a, **k: not tf._GLUON_FAILED)
     monkeypatch.setattr(gluon_bwd, "launch", boom)
     monkeypatch.setattr(tf, "_GLUON_FAILED", [])
+    return calls
 
 
 def test_auto_falls_back_to_triton_once(monkeypatch):
     monkeypatch.setenv("FLASHMASK_BWD", "triton")
     want = _grads()
     monkeypatch.setenv("FLASHMASK_BWD", "auto")
-    _broken_gluon(monkeypatch)
+    calls = _broken_gluon(monkeypatch, RuntimeError("no Gluon here"))
     with pytest.warns(RuntimeWarning, match="Gluon backward failed.*no Gluon here"):
         got = _grads()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
-    assert len(tf._GLUON_FAILED) == 1
+    assert tf._GLUON_FAILED == ["RuntimeError: no Gluon here"]  # a string: no frames or tensors kept alive
+    again = _grads()  # the Triton kernels from now on, without trying Gluon again
+    assert len(calls) == 1
+    for a, b in zip(again, want):
+        assert torch.equal(a, b)
+
+
+def test_out_of_memory_falls_back_for_that_call_only(monkeypatch):
+    monkeypatch.setenv("FLASHMASK_BWD", "auto")
+    calls = _broken_gluon(monkeypatch, torch.OutOfMemoryError("CUDA out of memory"))
+    _grads()
+    _grads()
+    assert len(calls) == 2 and tf._GLUON_FAILED == []
 
 
 def test_forced_gluon_raises(monkeypatch):
     monkeypatch.setenv("FLASHMASK_BWD", "gluon")
-    _broken_gluon(monkeypatch)
+    _broken_gluon(monkeypatch, RuntimeError("no Gluon here"))
     with pytest.raises(RuntimeError, match="no Gluon here"):
         _grads()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -76,7 +77,9 @@ def main(argv=None) -> None:
         split = lambda: tf._attention_bwd(do, q, k, v, o, lse, None, None, causal, scale, True)  # noqa: E731
         t_before = do_bench(split, warmup=50, rep=300)
         gluon = lambda: tf._attention_bwd(do, q, k, v, o, lse, None, None, causal, scale, False)  # noqa: E731
+        os.environ["FLASHMASK_BWD"] = "gluon"  # raise rather than time the Triton kernels after a fallback
         times = {"gluon_bwd (the default)": do_bench(gluon, warmup=50, rep=300)}
+        os.environ.pop("FLASHMASK_BWD")
         times.update({n: do_bench(lambda: gluon_backward(do, q, k, v, o, lse, scale, causal, **VARIANTS[n]),
                                   warmup=50, rep=300) for n in names})
         t_after = do_bench(split, warmup=50, rep=300)
