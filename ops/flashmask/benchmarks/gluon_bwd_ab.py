@@ -46,12 +46,15 @@ def _check(name, over, causal):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--seq", type=int, default=8192, help="sequence length S (a multiple of 128; default 8192)")
     ap.add_argument("--tokens", type=int, default=32768, help="batch * seq (default 32K)")
     ap.add_argument("--variants", default="ws,ws_ndq1,ws_diag_no_dq",
-                    help="comma-separated names of VARIANTS (experimental kernel), '' for none")
+                    help="comma-separated variants of the experimental first design, '' for none; one of: "
+                         + ", ".join(VARIANTS))
     ap.add_argument("--json", default=None, help="append one JSON line per (mask, variant)")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("gluon_bwd_ab needs an sm_90 GPU (H100 / H200): the Gluon kernels are written for Hopper")
     from triton.testing import do_bench
 
     from flashmask import triton_flashmask as tf
