@@ -33,7 +33,7 @@ BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
 
 
 @gluon.jit
-def _visit(IDX, n_part, n_tot, f_lo, t, G: gl.constexpr):
+def _visit(IDX, n_part, n_tot, f_lo, t):
     """Visit ``t`` of a program: (query head offset g in the GQA group, list position i, query block m).
 
     Unmasked blocks that form one contiguous run (``f_lo >= 0``, nearly every key block of the common masks) are
@@ -63,7 +63,7 @@ def _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_buf
 def _loads_for(t, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX, n_part,
                n_tot, f_lo, b, hk, S_q, H_q, G: gl.constexpr, D: gl.constexpr, pred):
     NS: gl.constexpr = q_bufs.type.shape[0]
-    g, i, m = _visit(IDX, n_part, n_tot, f_lo, t, G)
+    g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
     h = hk * G + g
     s = t % NS
     _issue_loads(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready.index(s), s,
@@ -89,7 +89,7 @@ def _loader_reducer(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_
             mbarrier.wait(q_empty.index(j % NS), ((j // NS) & 1) ^ 1)
             _loads_for(j, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX,
                        n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D, True)
-        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t, G)
+        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
         mbarrier.wait(dq_ready, t & 1)  # both consumers' partial tiles of visit t
         base = dq_accum + ((b * H_q + hk * G + g) * S_q + m * BLOCK_M) * D
         for r in gl.static_range(0, BLOCK_M, CH):
@@ -139,7 +139,7 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
             if HAS_UTS:
                 uts = gl.load(UTS + vec_off + keys)
     for t in range(G * n_tot):
-        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t, G)
+        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
         s = t % NS
         mbarrier.wait(q_ready.index(s), (t // NS) & 1)
         q_s = q_bufs.index(s)
@@ -257,6 +257,16 @@ def flashmask_bwd_gluon_kernel(
     ], [4, 4], [232, 48])
 
 
+def tensor_desc(t, rows: int, cols: int, block: list[int]):
+    """A Gluon TMA descriptor over ``t`` viewed as ``[rows, cols]`` with ``block`` boxes and the default
+    NVMMA shared layout; ``t`` contiguous bf16 / fp16 / fp32 (raises ``RuntimeError`` from ``view`` otherwise)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype]
+    return TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+
 def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2e: float):
     """Host side: descriptors and the launch; returns ``(dq, dk, dv)`` like q, k, v.
 
@@ -272,7 +282,6 @@ def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2
             sequence that is not a multiple of the tile would otherwise be left uncomputed.
     """
     import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     bm, bn = BLOCK_M.value, BLOCK_N.value
     b, s_q, h_q, d = q.shape
@@ -284,12 +293,7 @@ def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2
         if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
             raise ValueError(f"gluon_bwd.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
                              f"{t.dtype}, strides {t.stride()}")
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-
-    def desc(t, rows, cols, block):
-        dt = gl.float32 if t.dtype == torch.float32 else gdt
-        return TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
-
+    desc = tensor_desc
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_accum = torch.zeros(b * h_q, s_q, d, dtype=torch.float32, device=q.device)
     idx, n_part, n_full, full_lo = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 3

@@ -32,12 +32,9 @@ def gluon_backward(do, q, k, v, o, lse, scale: float, causal: bool, **variant):
         ValueError: for shapes, dtypes or layouts outside the kernel's scope (named in the message).
     """
     import torch
-    import triton
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from ..triton_bwd import _flashmask_bwd_preprocess_kernel
-    from ..triton_flashmask import LOG2E
+    from ..gluon_bwd import tensor_desc
+    from ..triton_flashmask import LOG2E, _preprocess
     from .gluon_bwd_ws import gluon_bwd_ws_kernel
 
     b, s, h, d = q.shape
@@ -48,23 +45,16 @@ def gluon_backward(do, q, k, v, o, lse, scale: float, causal: bool, **variant):
     if d != 128 or s % BLOCK_N:
         raise ValueError(f"gluon_backward: head dim must be 128 and S a multiple of {BLOCK_N}; got D={d}, S={s}")
     cfg = dict(DEFAULT_VARIANT, **variant)
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
-    _flashmask_bwd_preprocess_kernel[(triton.cdiv(s, 64), b * h)](
-        o, do, lse, lse, delta, lse2, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1),
-        do.stride(2), s, h, LOG2E, D=d, BLOCK_D=d, BLOCK_M=64, HAS_DLSE=False, num_warps=4, num_stages=1)
+    delta, lse2 = _preprocess(o, do, lse, None)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_accum = torch.zeros(b * h, s, d, dtype=torch.float32, device=q.device)
-
-    def desc(t, block):
-        dt = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float32
-        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dt))
-
-    rows = lambda t: t.view(b * s, h * d)  # noqa: E731
+    desc = tensor_desc
+    rows, cols = b * s, h * d
+    lrows = b * h * s // BLOCK_M
     gluon_bwd_ws_kernel[(s // BLOCK_N, b * h)](
-        desc(rows(q), [BLOCK_M, d]), desc(rows(k), [BLOCK_N, d]), desc(rows(v), [BLOCK_N, d]),
-        desc(rows(do), [BLOCK_M, d]), desc(rows(dk), [BLOCK_N, d]), desc(rows(dv), [BLOCK_N, d]),
-        desc(lse2.view(-1, BLOCK_M), [1, BLOCK_M]), desc(delta.view(-1, BLOCK_M), [1, BLOCK_M]), dq_accum,
+        desc(q, rows, cols, [BLOCK_M, d]), desc(k, rows, cols, [BLOCK_N, d]), desc(v, rows, cols, [BLOCK_N, d]),
+        desc(do, rows, cols, [BLOCK_M, d]), desc(dk, rows, cols, [BLOCK_N, d]), desc(dv, rows, cols, [BLOCK_N, d]),
+        desc(lse2, lrows, BLOCK_M, [1, BLOCK_M]), desc(delta, lrows, BLOCK_M, [1, BLOCK_M]), dq_accum,
         s, h, scale * LOG2E, scale, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
         num_warps=8, maxnreg=168, **cfg)
     dq = (dq_accum.view(b, h, s, d).transpose(1, 2) * scale).to(q.dtype)
