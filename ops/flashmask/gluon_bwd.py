@@ -5,16 +5,22 @@ dV, dK in the dK/dV kernel and S, dP, dQ again in the dQ kernel. FlashAttention-
 dQ reduced outside the products' critical path. Triton cannot express that schedule (``docs/kernel_notes.md``,
 v7); Triton's Gluon dialect can. One program per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
 
-- **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps each, each owning
-  64 keys end to end and never waiting for the other: for every listed query block (``IDX``, the dK/dV visit
-  list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones; every query head of the
-  GQA group in turn), S^T = K_w Q^T, P^T (element mask on partial blocks only), dV += P^T dO, dP^T = V_w dO^T,
-  dS^T = P^T (dP^T - Delta), dK += dS^T Q, then the *partial* dQ = dS_w K_w over its 64 keys, written to its own
-  fp32 tile in shared memory. Each product is waited for at once (as in Triton's dK/dV kernel, whose two
-  warpgroups overlap each other's softmax with their products because nothing synchronises them);
-- **loader / reducer** (4 warps, 48 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
-  consumers release, and per visited query block the sum of the two partial dQ tiles added into the fp32
-  ``dq_accum`` with atomics (the scaled cast to the output dtype is a torch op afterwards).
+- **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps and 240 registers
+  each, each owning 64 keys end to end and never waiting for the other: for every listed query block (``IDX``,
+  the dK/dV visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones; every
+  query head of the GQA group in turn), S^T = K_w Q^T, P^T (element mask on partial blocks only), dV += P^T dO,
+  dP^T = V_w dO^T, dS^T = P^T (dP^T - Delta), dK += dS^T Q, then the *partial* dQ = dS_w K_w over its 64 keys,
+  written to its own fp32 tile in shared memory and added into the fp32 ``dq_accum`` by a TMA reduce-add
+  (``cp.reduce.async.bulk.tensor``, issued by one thread; the scaled cast to the output dtype is a torch op
+  afterwards). Each product is waited for at once (as in Triton's dK/dV kernel, whose two warpgroups overlap
+  each other's softmax with their products because nothing synchronises them);
+- **loader** (4 warps, 24 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
+  consumers release.
+
+Session 11 (``docs/kernel_notes.md``, v9): the first version summed the two partial tiles in the loader warpgroup
+and added them with per-thread fp32 atomics; the TMA reduce per consumer (twice the reduction traffic in L2, no
+register work and no hand-off between the consumers) and the registers it frees (240 / 240 / 24 instead of
+224 / 232 / 48) made the backward 1.04-1.07x faster on an H200.
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
 FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 in
@@ -24,12 +30,24 @@ bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 
 from __future__ import annotations
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``tensor_desc[coord] += src`` (a shared-memory tile) by TMA (``cp.reduce.async.bulk.tensor ... .add``),
+    asynchronous like ``tma.async_copy_shared_to_global``: ``tma.store_wait`` before ``src`` is written again.
+    Gluon 3.6 has the op in its builder but not in ``gluon.language.nvidia.hopper.tma``; a Triton without it fails
+    to compile, and ``triton_flashmask._gluon_bwd`` then falls back to the Triton backward."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -71,14 +89,9 @@ def _loads_for(t, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bu
 
 
 @gluon.jit
-def _loader_reducer(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty,
-                    dq_bufs, dq_ready, dq_empty, dq_accum, IDX, n_part, n_tot, f_lo, b, hk, S_q, H_q,
-                    G: gl.constexpr, D: gl.constexpr):
+def _loader(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, IDX, n_part,
+            n_tot, f_lo, b, hk, S_q, H_q, G: gl.constexpr, D: gl.constexpr):
     NS: gl.constexpr = q_bufs.type.shape[0]
-    CH: gl.constexpr = 8  # rows of a dQ tile per reduction pass (8 values per thread and tile)
-    blk: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    offs = (gl.arange(0, CH, layout=gl.SliceLayout(1, blk))[:, None] * D
-            + gl.arange(0, D, layout=gl.SliceLayout(0, blk))[None, :])
     n_visits = G * n_tot
     for t in gl.static_range(NS - 1):  # prologue: the first NS - 1 visits
         _loads_for(t, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX,
@@ -89,20 +102,12 @@ def _loader_reducer(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_
             mbarrier.wait(q_empty.index(j % NS), ((j // NS) & 1) ^ 1)
             _loads_for(j, q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, IDX,
                        n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D, True)
-        g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
-        mbarrier.wait(dq_ready, t & 1)  # both consumers' partial tiles of visit t
-        base = dq_accum + ((b * H_q + hk * G + g) * S_q + m * BLOCK_M) * D
-        for r in gl.static_range(0, BLOCK_M, CH):
-            vals = dq_bufs.index(0).slice(r, CH, dim=0).load(blk) + dq_bufs.index(1).slice(r, CH, dim=0).load(blk)
-            gl.atomic_add(base + r * D + offs, vals, sem="relaxed")
-        gl.thread_barrier()
-        mbarrier.arrive(dq_empty, count=1)
 
 
 @gluon.jit
 def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-              dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot, f_lo, n, LTS, LTE, UTS,
-              UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+              dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot, f_lo, n, LTS, LTE,
+              UTS, UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
               HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
     NS: gl.constexpr = q_bufs.type.shape[0]
     KW: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
@@ -166,16 +171,17 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
         dpT = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False)
         dsT = (pT * (dpT - delta_bufs.index(s).load(mma_s))).to(dt)
         dk = warpgroup_mma(gl.convert_layout(dsT, a_kd), q_s, dk)
-        mbarrier.wait(dq_empty, (t & 1) ^ 1)  # the reducer has taken the previous partial tiles
+        tma.store_wait(0)  # the previous visit's dQ reduction has read dq_w (long done: a visit ago)
         ds_w.store(dsT)
         fence_async_shared()
         gl.thread_barrier()  # this warpgroup's 4 warps (the partition), not the other consumer
         for c in gl.static_range(0, D, DQ_N):
             dq = warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(c, DQ_N, dim=1), zero_dq, use_acc=False)
             dq_w.slice(c, DQ_N, dim=1).store(dq)
+        fence_async_shared()
         gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [dq_row0 + g * S_q + m * BLOCK_M, 0], dq_w)
         mbarrier.arrive(q_empty.index(s), count=1)  # one of the two consumers' arrivals
-        mbarrier.arrive(dq_ready, count=1)
     # K_w and V_w are read by this warpgroup only: they stage its dK and dV for the TMA stores
     k_w.store((dk * sm_scale).to(dt))
     v_w.store(dv.to(dt))
@@ -188,7 +194,7 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
 
 @gluon.jit
 def flashmask_bwd_gluon_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_accum, LTS, LTE, UTS, UTE,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_desc, LTS, LTE, UTS, UTE,
     IDX, NPART, NFULL, FLO, S_q, S_k, H_q, H_k, H_mask, NUM_N, NUM_M, qk_scale, sm_scale,
     G: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr,
     HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr,
@@ -196,10 +202,10 @@ def flashmask_bwd_gluon_kernel(
     """dK, dV (scaled, stored) and the unscaled fp32 dQ sum of one key block of one KV head.
 
     Grid ``(S_k // BLOCK_N, B * H_k)``; ``num_warps=4`` plus two 4-warp workers, ``maxnreg=168`` (12 warps share
-    the register file: the consumers get 224 / 232 registers, the loader / reducer 48).
+    the register file: the consumers get 240 registers each, the loader 24).
     Descriptors over ``[B*S, H*D]`` views: q / do boxes ``[BLOCK_M, D]``, k / v ``[BLOCK_N, D]``, dk / dv
     ``[BLOCK_N // 2, D]``; lse (log2 units, +inf on empty rows) and delta fp32 ``[B*H_q*S_q/BLOCK_M, BLOCK_M]``,
-    boxes ``[1, BLOCK_M]``. ``dq_accum``: zeroed fp32 ``[B*H_q, S_q, D]``. ``IDX`` / ``NPART`` / ``NFULL`` /
+    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*H_q*S_q, D]``, boxes ``[BLOCK_M, D]``. ``IDX`` / ``NPART`` / ``NFULL`` /
     ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table per (batch, mask head) with a mask,
     one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
     """
@@ -224,37 +230,32 @@ def flashmask_bwd_gluon_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [NS, 1, BLOCK_M], delta_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], dt)
     ds_bufs = gl.allocate_shared_memory(dt, [2, BLOCK_N // 2, BLOCK_M], ds_layout)
-    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D], dq_layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(NS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
-    mbarrier.init(dq_ready, count=2)  # both partial tiles written
-    mbarrier.init(dq_empty, count=1)
     kv_row = b * S_k + n * BLOCK_N
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, hk * D], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [kv_row, hk * D], kv_bar, v_smem)
     vec_off = bm * S_k
+    dq_row0 = (b * H_q + hk * G) * S_q  # dq_accum row of query 0 of the group's first head
     gl.warp_specialize([
         (_consumer, (0, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
+                     dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
                      LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
                      HAS_UTS)),
         (_consumer, (1, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     dq_bufs, dq_ready, dq_empty, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
+                     dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
                      LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
                      HAS_UTS)),
-        (_loader_reducer, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready,
-                           q_empty, dq_bufs, dq_ready, dq_empty, dq_accum, IDX_row, n_part, n_tot, f_lo, b, hk, S_q,
-                           H_q, G, D)),
-    ], [4, 4], [232, 48])
+        (_loader, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty,
+                   IDX_row, n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D)),
+    ], [4, 4], [240, 24])
 
 
 def tensor_desc(t, rows: int, cols: int, block: list[int]):
@@ -302,9 +303,10 @@ def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
         desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
-        dq_accum, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q, s_k, h_q, h_k, mv.h_mask,
-        idx.shape[1], idx.shape[2], scale * log2e, scale, G=h_q // h_k, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask,
-        HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
+        desc(dq_accum, b * h_q * s_q, d, [bm, d]), mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q,
+        s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], scale * log2e, scale, G=h_q // h_k, D=d, NS=2,
+        CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4,
+        maxnreg=168)
     dq = torch.empty_like(q)
     torch.mul(dq_accum.view(b, h_q, s_q, d).transpose(1, 2), scale, out=dq)
     return dq, dk, dv
