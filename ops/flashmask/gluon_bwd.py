@@ -30,6 +30,8 @@ bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 
 from __future__ import annotations
 
+import functools
+
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -258,14 +260,26 @@ def flashmask_bwd_gluon_kernel(
     ], [4, 4], [240, 24])
 
 
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(block: tuple, dtype):
+    """The default NVMMA shared layout of a ``block`` box of torch ``dtype`` (cached: building it is a third of
+    a descriptor's host cost, and a launch builds nine)."""
+    import torch
+
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), dt)
+
+
 def tensor_desc(t, rows: int, cols: int, block: list[int]):
     """A Gluon TMA descriptor over ``t`` viewed as ``[rows, cols]`` with ``block`` boxes and the default
-    NVMMA shared layout; ``t`` contiguous bf16 / fp16 / fp32 (raises ``RuntimeError`` from ``view`` otherwise)."""
-    import torch
+    NVMMA shared layout; ``t`` contiguous bf16 / fp16 / fp32 with ``rows * cols`` elements (``ValueError``
+    otherwise)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype]
-    return TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+    if not t.is_contiguous() or t.numel() != rows * cols:
+        raise ValueError(f"gluon_bwd.tensor_desc: a contiguous tensor of {rows} x {cols} elements is needed; got "
+                         f"shape {tuple(t.shape)}, strides {t.stride()}")
+    return TensorDescriptor(t, [rows, cols], [cols, 1], list(block), _nvmma_layout(tuple(block), t.dtype))
 
 
 def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2e: float):

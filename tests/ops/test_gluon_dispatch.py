@@ -20,8 +20,11 @@ from flashmask import triton_flashmask as tf  # noqa: E402
 
 
 def _grads(seed=0):
+    """fp32 gradients of a small causal call: on the GPU where there is one (the Triton kernels do not take CPU
+    tensors outside the interpreter), else on the CPU under ``TRITON_INTERPRET``."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(1, 64, 2, 32, generator=g) for _ in range(4))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = (torch.randn(1, 64, 2, 32, generator=g).to(dev) for _ in range(4))
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out = tf.flashmask_attention_triton(q, k, v, None, True, 32 ** -0.5, False)[0]
     return torch.autograd.grad(out, (q, k, v), do)
@@ -85,3 +88,30 @@ def test_forced_gluon_raises(monkeypatch):
     _broken_gluon(monkeypatch, RuntimeError("no Gluon here"))
     with pytest.raises(RuntimeError, match="no Gluon here"):
         _grads()
+
+
+@pytest.mark.parametrize("shape,dtype,rows,cols,block", [
+    ((2, 256, 4, 128), torch.bfloat16, 512, 512, [64, 128]),  # q / dO: [B*S, H*D], [BLOCK_M, D] boxes
+    ((2, 256, 2, 128), torch.float16, 512, 256, [64, 128]),  # dk / dv boxes of the GQA case
+    ((8, 256, 128), torch.float32, 2048, 128, [64, 128]),  # the fp32 dQ accumulator
+    ((2, 4, 256), torch.float32, 32, 64, [1, 64]),  # LSE / Delta rows
+])
+def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):
+    """The launcher's cached-layout descriptor describes the same memory, box and layout as Gluon's own
+    ``TensorDescriptor.from_tensor`` over a view (the slower form it replaced), and refuses a strided tensor."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from flashmask import gluon_bwd
+
+    t = torch.zeros(shape, dtype=dtype)
+    got = gluon_bwd.tensor_desc(t, rows, cols, block)
+    dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    ref = TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+    assert got.base.data_ptr() == ref.base.data_ptr()
+    assert (list(got.shape), list(got.strides), list(got.block_shape)) == (list(ref.shape), list(ref.strides),
+                                                                          list(ref.block_shape))
+    assert got.layout == ref.layout
+    with pytest.raises(ValueError, match="contiguous"):
+        gluon_bwd.tensor_desc(t.transpose(0, 1), rows, cols, block)
