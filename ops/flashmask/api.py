@@ -146,7 +146,7 @@ def flashmask_attention(
         deterministic: guarantee a bitwise-reproducible backward (as does
             ``torch.use_deterministic_algorithms(True)``). Without it the Triton path is reproducible too (dQ
             from its own kernel, no atomics) except on sm_90 GPUs at head dim 128, where the faster Gluon
-            backward sums dQ with atomics, and with FLASHMASK_ATOMIC_DQ=1 / tma.
+            backward sums dQ with fp32 TMA reduce-adds, and with FLASHMASK_ATOMIC_DQ=1 / tma.
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
             choice never falls back.
 

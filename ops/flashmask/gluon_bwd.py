@@ -11,9 +11,10 @@ v7); Triton's Gluon dialect can. One program per (key block of ``BLOCK_N`` = 128
   query head of the GQA group in turn), S^T = K_w Q^T, P^T (element mask on partial blocks only), dV += P^T dO,
   dP^T = V_w dO^T, dS^T = P^T (dP^T - Delta), dK += dS^T Q, then the *partial* dQ = dS_w K_w over its 64 keys,
   written to its own fp32 tile in shared memory and added into the fp32 ``dq_accum`` by a TMA reduce-add
-  (``cp.reduce.async.bulk.tensor``, issued by one thread; the scaled cast to the output dtype is a torch op
-  afterwards). Each product is waited for at once (as in Triton's dK/dV kernel, whose two warpgroups overlap
-  each other's softmax with their products because nothing synchronises them);
+  (``cp.reduce.async.bulk.tensor``: four 64 x 32 boxes, the 128-byte swizzle's width, one issued by an elected
+  lane of each warp; the scaled cast to the output dtype is a torch op afterwards). Each product is waited for
+  at once (as in Triton's dK/dV kernel, whose two warpgroups overlap each other's softmax with their products
+  because nothing synchronises them);
 - **loader** (4 warps, 24 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
   consumers release.
 
@@ -24,8 +25,8 @@ register work and no hand-off between the consumers) and the registers it frees 
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
 FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 in
-``docs/kernel_notes.md`` (v8) and ``docs/benchmarks.md`` (session 10). dQ is summed with atomics, so it is not
-bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
+``docs/kernel_notes.md`` (v8, v9) and ``docs/benchmarks.md`` (sessions 10, 11). dQ is summed by reduce-adds in the
+order the tiles finish, so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 """
 
 from __future__ import annotations
@@ -207,9 +208,9 @@ def flashmask_bwd_gluon_kernel(
     the register file: the consumers get 240 registers each, the loader 24).
     Descriptors over ``[B*S, H*D]`` views: q / do boxes ``[BLOCK_M, D]``, k / v ``[BLOCK_N, D]``, dk / dv
     ``[BLOCK_N // 2, D]``; lse (log2 units, +inf on empty rows) and delta fp32 ``[B*H_q*S_q/BLOCK_M, BLOCK_M]``,
-    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*H_q*S_q, D]``, boxes ``[BLOCK_M, D]``. ``IDX`` / ``NPART`` / ``NFULL`` /
-    ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table per (batch, mask head) with a mask,
-    one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
+    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*H_q*S_q, D]``, boxes ``[BLOCK_M, D]``.
+    ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table
+    per (batch, mask head) with a mask, one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
     """
     n = gl.program_id(0)
     bhk = gl.program_id(1)

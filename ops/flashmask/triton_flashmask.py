@@ -283,9 +283,9 @@ def _gluon_bwd(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, scale: f
     ``FLASHMASK_BWD=gluon`` re-raises, and so does a failure while a CUDA graph is captured (the capture may be
     invalid already). Out of memory falls back for this call only; any other failure (a Triton whose Gluon API
     differs, a compile error) warns once and switches this process to the Triton kernels."""
-    from . import gluon_bwd
-
     try:
+        from . import gluon_bwd  # inside: a Triton whose Gluon lacks what it imports falls back like a failed launch
+
         return gluon_bwd.launch(do, q, k, v, lse2, delta, _lists(mv, gluon_bwd.BLOCK_M.value,
                                                                    gluon_bwd.BLOCK_N.value, by_key=True),
                                 mv, causal, scale, LOG2E)
@@ -578,7 +578,7 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         deterministic: guarantee a bitwise reproducible backward (also implied by
             ``torch.use_deterministic_algorithms(True)``): the Triton kernels, which compute dQ in a separate
             row-parallel kernel (no atomics). With ``deterministic=False`` on an sm_90 GPU at D = 128 the Gluon
-            backward runs instead (``gluon_bwd``; dQ summed with fp32 atomics, not bitwise reproducible; see
+            backward runs instead (``gluon_bwd``; dQ summed by fp32 TMA reduce-adds, not bitwise reproducible; see
             :func:`gluon_bwd_eligible`); elsewhere the Triton kernels, where ``FLASHMASK_ATOMIC_DQ=1`` switches dQ to
             fp32 thread atomics and ``=tma`` to TMA bulk reduce-adds (Hopper, EVEN launches; thread atomics
             otherwise, including the CPU interpreter).

@@ -115,3 +115,30 @@ def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):
     assert got.layout == ref.layout
     with pytest.raises(ValueError, match="contiguous"):
         gluon_bwd.tensor_desc(t.transpose(0, 1), rows, cols, block)
+
+
+def test_tensor_desc_refuses_a_wrong_element_count():
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from flashmask import gluon_bwd
+
+    with pytest.raises(ValueError, match="64 x 128 elements"):
+        gluon_bwd.tensor_desc(torch.zeros(32, 128), 64, 128, [64, 128])
+
+
+def test_import_failure_falls_back_to_triton(monkeypatch):
+    """A Triton whose Gluon lacks what ``gluon_bwd`` imports warns once and runs the Triton kernels."""
+    import sys
+
+    import flashmask
+
+    monkeypatch.setenv("FLASHMASK_BWD", "triton")
+    want = _grads()
+    monkeypatch.setenv("FLASHMASK_BWD", "auto")
+    monkeypatch.setattr(tf, "gluon_bwd_eligible", lambda *a, **k: not tf._GLUON_FAILED)
+    monkeypatch.setattr(tf, "_GLUON_FAILED", [])
+    monkeypatch.delattr(flashmask, "gluon_bwd", raising=False)
+    monkeypatch.setitem(sys.modules, "flashmask.gluon_bwd", None)  # the import raises ModuleNotFoundError
+    with pytest.warns(RuntimeWarning, match="Gluon backward failed.*ModuleNotFoundError"):
+        got = _grads()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

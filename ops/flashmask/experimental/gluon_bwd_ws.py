@@ -11,7 +11,8 @@ dQ kernel: S, dP, dQ); FlashAttention-3 and FlashMask V3 issue five, with dQ red
   dV += P^T dO, dS^T = P^T (dP^T - Delta), dK += dS^T Q, then dQ_tile = dS K from dS^T in shared memory, handed to
   the worker through a ring of fp32 tiles;
 - **worker partition** (4 warps, 48 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring, and the
-  fp32 atomic adds of each dQ tile into ``dq_accum [B*H, S, D]`` (Gluon 3.6 has no TMA reduce-add on Hopper).
+  fp32 atomic adds of each dQ tile into ``dq_accum [B*H, S, D]`` (Gluon 3.6 exposes no TMA reduce-add in its
+  ``tma`` module; the library kernel ``gluon_bwd`` calls the builder's op since session 11).
 
 Math and names as ``triton_bwd`` (LSE in log2 units, Delta = rowsum(dO * O)). Measured on one H200 (session 10,
 ``benchmarks/results/gluon_bwd_v8_h200.log``): correct (dK / dV bitwise equal to the Triton kernels', dQ within
