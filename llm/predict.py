@@ -58,6 +58,8 @@ from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp_ext.transformers.generation import encode_conversation, generate  # noqa: F401 (re-exported)
 from paddlenlp_ext.transformers.model_utils import to_torch_dtype
 
+SAMPLING = {"temperature": 0.7, "top_k": 0, "top_p": 0.9}  # defaults of the flags that only apply when sampling
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -94,9 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode_strategy", default=None, choices=["greedy_search", "sampling"],
                    help="PaddleNLP predictor's flag: sampling = --do_sample; default greedy (PaddleNLP: sampling)")
     p.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top_k", type=int, default=0)
-    p.add_argument("--top_p", type=float, default=0.9)
+    p.add_argument("--temperature", type=float, default=None,
+                   help=f"with --do_sample (default {SAMPLING['temperature']})")
+    p.add_argument("--top_k", type=int, default=None, help=f"with --do_sample (default {SAMPLING['top_k']}: off)")
+    p.add_argument("--top_p", type=float, default=None, help=f"with --do_sample (default {SAMPLING['top_p']})")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (half precision is for GPUs: on the CPU it runs, slowly)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -445,6 +448,13 @@ def main(argv=None) -> int:
         raise ValueError(f"--dtype {args.dtype}: use float32, bfloat16 or float16 (the attention takes no other)")
     if args.decode_strategy is not None:
         args.do_sample = args.decode_strategy == "sampling"
+    given = [f"--{k}" for k in SAMPLING if getattr(args, k) is not None]
+    if given and not args.do_sample:  # they were ignored without a word (session-10 new-user pass)
+        print(f"[predict] {', '.join(given)} only apply when sampling (--do_sample or --decode_strategy sampling); "
+              "decoding is greedy", file=sys.stderr)
+    for k, default in SAMPLING.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
     if args.data_file and args.prompt is not None:
         raise ValueError("--data_file and --prompt are two inputs; give one")
     records = read_data_file(args.data_file, args.output_file) if args.data_file else None  # before the model
@@ -484,7 +494,12 @@ def main(argv=None) -> int:
         predict_file(records, args.output_file, conv, respond, notify)
         return 0
     if args.prompt is not None:
-        ids, _ = conv.prompt_for(to_text(args.prompt, "--prompt", notify))  # too long: ValueError, one error line
+        text = to_text(args.prompt, "--prompt", notify)
+        if not text.strip():  # as a blank piped line: an empty reply, no model call
+            notify("[predict] --prompt is blank: nothing to answer")
+            print()
+            return 0
+        ids, _ = conv.prompt_for(text)  # too long: ValueError, one error line
         print(respond(ids))
         return 0
     if not sys.stdin.isatty():  # piped input: one prompt per line, each answered without history

@@ -66,3 +66,27 @@ def test_predict_bad_options(argv, msg):
         pytest.skip("a CUDA GPU is present")
     with pytest.raises(ValueError, match=msg):
         _load_predict().main(["--prompt", "hi"] + argv)
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_predict_blank_prompt_is_an_empty_reply_without_a_model_call(tmp_path, capsys, prompt):
+    """As a blank piped line: one empty stdout line and a note, no generation (was: the model answered it)."""
+    _save_tiny_with_tokenizer(tmp_path / "m")
+    rc = _load_predict().main(["--model_name_or_path", str(tmp_path / "m"), "--prompt", prompt,
+                               "--max_new_tokens", "6"])
+    out = capsys.readouterr()
+    assert rc == 0 and out.out == "\n"
+    assert "--prompt is blank" in out.err and "tokens/s" not in out.err
+
+
+def test_predict_sampling_flags_without_sampling_are_named(tmp_path, capsys):
+    """--temperature / --top_p without --do_sample: greedy decoding, and stderr says the flags did nothing (they
+    were ignored silently); with --do_sample no such note."""
+    _save_tiny_with_tokenizer(tmp_path / "m")
+    predict = _load_predict()
+    common = ["--model_name_or_path", str(tmp_path / "m"), "--prompt", "Hi", "--max_new_tokens", "3"]
+    assert predict.main(common + ["--temperature", "0.2", "--top_p", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "--temperature, --top_p only apply when sampling" in err
+    assert predict.main(common + ["--do_sample", "--temperature", "0.2"]) == 0
+    assert "only apply when sampling" not in capsys.readouterr().err
