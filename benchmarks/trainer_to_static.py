@@ -85,7 +85,7 @@ def main(argv=None) -> list[dict]:
         ap.error(f"--settings: {bad} are not on/off")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.tiny:
-        ap.error("no CUDA device: this benchmark needs a GPU; --tiny runs a CPU smoke test")
+        raise SystemExit("trainer_to_static needs a CUDA GPU (--tiny runs a CPU smoke test)")
     info = e2e_models.model_config(args.model, args.tiny)
     scale = args.pack_len / 8192 if args.tiny else 1.0
     packs = e2e_train.build_packs(info["vocab"], args.pack_len, args.steps, args.seed, scale)

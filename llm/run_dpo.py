@@ -80,6 +80,7 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
     from paddlenlp_ext.transformers import AutoTokenizer
     from paddlenlp_ext.trl.dpo_trainer import DPOTrainer
 
+    require_model_path(model_args)  # before the tokenizer, which would fail on None with a TypeError traceback
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
     set_chat_template(tokenizer, data_args.chat_template)  # 'none' also clears the saved template
     model = build_policy(model_args, training_args, dpo_config)

@@ -112,6 +112,7 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator, set_chat_template
     from paddlenlp_ext.transformers import AutoTokenizer
 
+    require_model_path(model_args)  # before the tokenizer, which would fail on None with a TypeError traceback
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     set_chat_template(tokenizer, data_args.chat_template)  # the template trained on is the one chatted with, saved
     model = build_model(model_args, training_args)

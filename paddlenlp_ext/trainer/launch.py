@@ -48,10 +48,10 @@ class OutputDirLock:
         self.path = os.path.join(output_dir, LOCK_NAME)
         self._fd: int | None = None
         self._pid: int | None = None
-        self._created = False
+        self._created: list[str] = []
 
     def acquire(self) -> "OutputDirLock":
-        self._created = not os.path.isdir(self.output_dir)
+        self._created = _missing_dirs(self.output_dir)
         for _ in range(10):
             try:
                 os.makedirs(self.output_dir, exist_ok=True)
@@ -107,15 +107,28 @@ class OutputDirLock:
         self._remove_created_dir()
 
     def _remove_created_dir(self) -> None:
-        if self._created:  # a run that failed before writing anything leaves no empty output_dir behind
-            with contextlib.suppress(OSError):
-                os.rmdir(self.output_dir)
+        # a run that failed before writing anything leaves no empty output_dir behind, nor the empty parents that
+        # makedirs created for it (./checkpoints/ of a run started from the wrong folder)
+        for d in self._created:  # deepest first; a folder with anything in it stops the walk
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
 
     def __enter__(self) -> "OutputDirLock":
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its ancestors that do not exist yet, deepest first (what ``os.makedirs`` creates)."""
+    out, path = [], os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
 
 
 def _lock_holder(fd: int, default: str = "holder unknown") -> str:

@@ -119,6 +119,24 @@ def test_failed_run_into_a_new_dir_leaves_no_empty_dir(tiny_job):
     assert not out.exists()
 
 
+def test_failed_run_leaves_no_empty_parent_dirs_either(tiny_job):
+    # was: the empty ./checkpoints/ (makedirs' parent of output_dir) stayed after a run that failed at once
+    mod = load_run_finetune()
+    out = tiny_job / "new_parent" / "deeper" / "never"
+    argv = _argv(tiny_job, tiny_job / "cfg_np", chat_template=str(tiny_job / "typo.jinja"))  # config beside it
+    with pytest.raises(ValueError, match="chat_template"):
+        mod.main(argv + ["--output_dir", str(out)])
+    assert not (tiny_job / "new_parent").exists()
+
+
+def test_lock_release_keeps_parents_that_existed_or_hold_files(tmp_path):
+    (tmp_path / "kept").mkdir()
+    with OutputDirLock(str(tmp_path / "kept" / "a" / "b")):
+        (tmp_path / "kept" / "a" / "note.txt").write_text("x")  # written by someone else meanwhile
+    assert not (tmp_path / "kept" / "a" / "b").exists()
+    assert (tmp_path / "kept" / "a" / "note.txt").exists() and (tmp_path / "kept").is_dir()
+
+
 def test_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog):
     out = tmp_path / "stale"
     out.mkdir()

@@ -210,6 +210,8 @@ def main(argv=None):
                         "alone (use it for small shapes, where the call is host-bound: docs/kernel_notes.md, session 7)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("tune_blocks needs a CUDA GPU: it times the Triton kernels' tile configs")
     if args.processes > 1:
         return _across_processes(list(sys.argv[1:] if argv is None else argv), args)
     jobs = _jobs(args)
