@@ -551,7 +551,9 @@ class PdArgumentParser:
                 note = " [accepted, not acted on]" if name in inert_keys else ""
                 tp, optional = _unwrap_optional(hints[name])
                 kind = _type_name(tp) + (" or null" if optional else "")
-                lines.append(f"  --{name} ({kind}, default {default}){note}: {f.metadata.get('help', '')}")
+                desc = f.metadata.get("help", "").strip()
+                desc = "" if desc.strip(". ") == "" else f": {desc}"  # an inert key's empty help printed ': .'
+                lines.append(f"  --{name} ({kind}, default {default}){note}{desc}")
             lines.append("")
         return "\n".join(lines)
 
