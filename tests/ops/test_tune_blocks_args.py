@@ -37,6 +37,7 @@ def test_processes_children_run_one_sweep_even_with_abbreviated_flags(monkeypatc
             json.dump({"rows": [{"variant": "new", "kind": "fwd", "config": "c", "ms": {"m1": 1.0}}]}, f)
 
     monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(tune_blocks.torch.cuda, "is_available", lambda: True)  # a GPU machine (children faked)
     rows = tune_blocks.main(["--proc", "2", "--masks", "m1", "--js", str(tmp_path / "x.json")])
     assert len(children) == 2 and rows[0]["ms"] == {"m1": 1.0}
 
