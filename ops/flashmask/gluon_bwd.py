@@ -6,26 +6,26 @@ dQ reduced outside the products' critical path. Triton cannot express that sched
 v7); Triton's Gluon dialect can. One program per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
 
 - **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps and 240 registers
-  each, each owning 64 keys end to end and never waiting for the other: for every listed query block (``IDX``,
-  the dK/dV visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones; every
-  query head of the GQA group in turn), S^T = K_w Q^T, P^T (element mask on partial blocks only), dV += P^T dO,
-  dP^T = V_w dO^T, dS^T = P^T (dP^T - Delta), dK += dS^T Q, then the *partial* dQ = dS_w K_w over its 64 keys,
-  written to its own fp32 tile in shared memory and added into the fp32 ``dq_accum`` by a TMA reduce-add
-  (``cp.reduce.async.bulk.tensor``: four 64 x 32 boxes, the 128-byte swizzle's width, one issued by an elected
-  lane of each warp; the scaled cast to the output dtype is a torch op afterwards). Each product is waited for
-  at once (as in Triton's dK/dV kernel, whose two warpgroups overlap each other's softmax with their products
-  because nothing synchronises them);
+  each, each owning 64 keys' dK and dV: for every listed query block (``IDX``, the dK/dV visit list of
+  ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones; every query head of the GQA
+  group in turn), S^T = K_w Q^T, P^T (element mask on partial blocks only), dP^T = V_w dO^T, dV += P^T dO
+  (asynchronous, under the dS arithmetic), dS^T = P^T (dP^T - Delta), dK += dS^T Q (asynchronous, under the dS
+  exchange). dQ is split by head-dim halves as in FlashAttention-3: both warpgroups write their dS^T rows into
+  one double-buffered [128 keys, 64 queries] tile (``ds_ready`` / ``ds_free`` mbarriers, two arrivals each),
+  then warpgroup ``w`` computes dQ[:, w*64 : w*64+64] = dS K[:, those columns] over all 128 keys and adds it
+  into the fp32 ``dq_accum`` by a TMA reduce-add (``cp.reduce.async.bulk.tensor``) from its own fp32 staging
+  tile; the scaled cast to the output dtype is a torch op afterwards;
 - **loader** (4 warps, 24 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
   consumers release.
 
-Session 11 (``docs/kernel_notes.md``, v9): the first version summed the two partial tiles in the loader warpgroup
-and added them with per-thread fp32 atomics; the TMA reduce per consumer (twice the reduction traffic in L2, no
-register work and no hand-off between the consumers) and the registers it frees (240 / 240 / 24 instead of
-224 / 232 / 48) made the backward 1.04-1.07x faster on an H200.
+History (``docs/kernel_notes.md``): v8 (session 10) summed the two consumers' partial dQ tiles [64 queries, 128
+columns] in the loader warpgroup and added them with per-thread fp32 atomics; v9 (session 11) had each consumer
+add its own partial tile by TMA reduce-add (1.04-1.07x); v10 (session 12, this file) splits dQ by columns, which
+halves the reduce-add traffic and needs no sum, and issues dV and dK asynchronously: 1.12-1.13x v9 on an H200.
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
 FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 in
-``docs/kernel_notes.md`` (v8, v9) and ``docs/benchmarks.md`` (sessions 10, 11). dQ is summed by reduce-adds in the
+``docs/kernel_notes.md`` (v8-v10) and ``docs/benchmarks.md`` (sessions 10-12). dQ is summed by reduce-adds in the
 order the tiles finish, so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 """
 
@@ -37,7 +37,8 @@ from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
@@ -109,13 +110,14 @@ def _loader(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, de
 
 @gluon.jit
 def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-              dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot, f_lo, n, LTS, LTE,
-              UTS, UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-              HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
+              ds_ready, ds_free, dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot,
+              f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr,
+              CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
+              HAS_UTS: gl.constexpr):
     NS: gl.constexpr = q_bufs.type.shape[0]
-    KW: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
+    KW: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup (its dK / dV rows)
+    DQ_N: gl.constexpr = D // 2  # dQ columns of this warpgroup
     mbarrier.wait(kv_bar, 0)  # K / V in shared memory (each reader observes the barrier itself)
-    DQ_N: gl.constexpr = D // 2  # the partial dQ tile in two products of D/2 columns (32 accumulator registers)
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
     mma_kd: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
@@ -125,8 +127,8 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
     dt: gl.constexpr = q_bufs.dtype
     k_w = k_smem.slice(w * KW, KW, dim=0)
     v_w = v_smem.slice(w * KW, KW, dim=0)
-    ds_w = ds_bufs.index(w)  # [KW, BLOCK_M]: dS^T of this warpgroup's keys
-    dq_w = dq_bufs.index(w)  # [BLOCK_M, D] fp32: this warpgroup's partial dQ tile
+    k_cols = k_smem.slice(w * DQ_N, DQ_N, dim=1)  # [BLOCK_N, D/2]: all keys, this warpgroup's dQ columns
+    dq_w = dq_bufs.index(w)  # [BLOCK_M, D/2] fp32: staging of this warpgroup's dQ columns for the reduce-add
     dk = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     dv = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     zero_s = gl.zeros([KW, BLOCK_M], gl.float32, layout=mma_s)
@@ -146,7 +148,8 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
             ute = gl.load(UTE + vec_off + keys)
             if HAS_UTS:
                 uts = gl.load(UTS + vec_off + keys)
-    for t in range(G * n_tot):
+    n_visits = G * n_tot
+    for t in range(n_visits):
         g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
         s = t % NS
         mbarrier.wait(q_ready.index(s), (t // NS) & 1)
@@ -170,22 +173,32 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
                         up = up & (rows >= uts[:, None])
                     masked = masked | up
             pT = gl.where(masked, 0.0, pT)
-        dv = warpgroup_mma(gl.convert_layout(pT.to(dt), a_kd), do_s, dv)
         dpT = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False)
+        dv = warpgroup_mma(gl.convert_layout(pT.to(dt), a_kd), do_s, dv, is_async=True)  # runs under dS
         dsT = (pT * (dpT - delta_bufs.index(s).load(mma_s))).to(dt)
-        dk = warpgroup_mma(gl.convert_layout(dsT, a_kd), q_s, dk)
-        tma.store_wait(0)  # the previous visit's dQ reduction has read dq_w (long done: a visit ago)
-        ds_w.store(dsT)
+        dk = warpgroup_mma(gl.convert_layout(dsT, a_kd), q_s, dk, is_async=True)  # runs under the dS exchange
+        # dS of all 128 keys into shared memory (double-buffered by visit; the other warpgroup read this buffer
+        # two visits ago), then dQ[:, w*D/2 : (w+1)*D/2] = dS K[:, those columns]: FlashAttention-3's split
+        ds_all = ds_bufs.index(t % 2)  # [BLOCK_N, BLOCK_M]: dS^T
+        mbarrier.wait(ds_free.index(t % 2), ((t // 2) & 1) ^ 1)
+        ds_all.slice(w * KW, KW, dim=0).store(dsT)
         fence_async_shared()
-        gl.thread_barrier()  # this warpgroup's 4 warps (the partition), not the other consumer
-        for c in gl.static_range(0, D, DQ_N):
-            dq = warpgroup_mma(ds_w.permute((1, 0)), k_w.slice(c, DQ_N, dim=1), zero_dq, use_acc=False)
-            dq_w.slice(c, DQ_N, dim=1).store(dq)
+        gl.thread_barrier()  # this warpgroup's 4 warps (the partition) stored and fenced
+        mbarrier.arrive(ds_ready.index(t % 2), count=1)
+        mbarrier.wait(ds_ready.index(t % 2), (t // 2) & 1)  # and the other warpgroup's half is there
+        dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+        dq, dk, dv = warpgroup_mma_wait(0, deps=[dq, dk, dv])
+        mbarrier.arrive(ds_free.index(t % 2), count=1)
+        mbarrier.arrive(q_empty.index(s), count=1)  # one of the two consumers' arrivals
+        tma.store_wait(0)  # the previous visit's reduce-add has read dq_w
+        dq_w.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [dq_row0 + g * S_q + m * BLOCK_M, 0], dq_w)
-        mbarrier.arrive(q_empty.index(s), count=1)  # one of the two consumers' arrivals
-    # K_w and V_w are read by this warpgroup only: they stage its dK and dV for the TMA stores
+        _tma_reduce_add(dq_desc, [dq_row0 + g * S_q + m * BLOCK_M, w * DQ_N], dq_w)
+    # K_w and V_w stage this warpgroup's dK and dV for the TMA stores, once the other warpgroup's last dQ product
+    # (which reads all of K) is done
+    if n_visits > 0:
+        mbarrier.wait(ds_free.index((n_visits - 1) % 2), ((n_visits - 1) // 2) & 1)
     k_w.store((dk * sm_scale).to(dt))
     v_w.store(dv.to(dt))
     fence_async_shared()
@@ -208,7 +221,7 @@ def flashmask_bwd_gluon_kernel(
     the register file: the consumers get 240 registers each, the loader 24).
     Descriptors over ``[B*S, H*D]`` views: q / do boxes ``[BLOCK_M, D]``, k / v ``[BLOCK_N, D]``, dk / dv
     ``[BLOCK_N // 2, D]``; lse (log2 units, +inf on empty rows) and delta fp32 ``[B*H_q*S_q/BLOCK_M, BLOCK_M]``,
-    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*H_q*S_q, D]``, boxes ``[BLOCK_M, D]``.
+    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*H_q*S_q, D]``, boxes ``[BLOCK_M, D // 2]``.
     ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table
     per (batch, mask head) with a mask, one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
     """
@@ -231,9 +244,11 @@ def flashmask_bwd_gluon_kernel(
     do_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_M, D], do_desc.layout)
     lse_bufs = gl.allocate_shared_memory(gl.float32, [NS, 1, BLOCK_M], lse_desc.layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [NS, 1, BLOCK_M], delta_desc.layout)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N // 2, BLOCK_M], dt)
-    ds_bufs = gl.allocate_shared_memory(dt, [2, BLOCK_N // 2, BLOCK_M], ds_layout)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D], dq_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dt)
+    ds_bufs = gl.allocate_shared_memory(dt, [2, BLOCK_N, BLOCK_M], ds_layout)  # dS^T of two visits
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D // 2], dq_desc.layout)  # per warpgroup
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
@@ -241,6 +256,9 @@ def flashmask_bwd_gluon_kernel(
     for i in gl.static_range(NS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
+    for i in gl.static_range(2):  # both consumers arrive on each
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
     kv_row = b * S_k + n * BLOCK_N
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [kv_row, hk * D], kv_bar, k_smem)
@@ -249,13 +267,13 @@ def flashmask_bwd_gluon_kernel(
     dq_row0 = (b * H_q + hk * G) * S_q  # dq_accum row of query 0 of the group's first head
     gl.warp_specialize([
         (_consumer, (0, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
-                     LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
-                     HAS_UTS)),
+                     ds_ready, ds_free, dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
+                     n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
+                     HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_consumer, (1, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row, n_part, n_tot, f_lo, n,
-                     LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
-                     HAS_UTS)),
+                     ds_ready, ds_free, dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
+                     n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
+                     HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_loader, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty,
                    IDX_row, n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D)),
     ], [4, 4], [240, 24])
@@ -318,7 +336,7 @@ def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
         desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
-        desc(dq_accum, b * h_q * s_q, d, [bm, d]), mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q,
+        desc(dq_accum, b * h_q * s_q, d, [bm, d // 2]), mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q,
         s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], scale * log2e, scale, G=h_q // h_k, D=d, NS=2,
         CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4,
         maxnreg=168)
