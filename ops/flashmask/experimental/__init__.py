@@ -2,8 +2,9 @@
 
 - ``gluon_bwd_ws``: the first warp-specialised, five-product backward in Gluon (session 10): its two consumer
   warpgroups split each 128-key block and meet at a barrier on every query block; 7-20 % *slower* than the
-  Triton split backward. The design that won (independent warpgroups, partial dQ tiles) became
-  ``flashmask.gluon_bwd``, the default backward on Hopper.
+  Triton split backward. The design that won in session 10 (independent warpgroups, partial dQ tiles) became
+  ``flashmask.gluon_bwd``, the default backward on Hopper; since session 12 (v10) its warpgroups do meet once per
+  query block, through an mbarrier on a shared dS tile, to split dQ by head-dim halves.
 
 Host side: ``gluon_backward`` below; A/B script ``flashmask.benchmarks.gluon_bwd_ab``; results in
 ``docs/kernel_notes.md`` (v8).
