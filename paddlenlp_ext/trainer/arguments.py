@@ -68,8 +68,8 @@ class TrainingArguments:
     output_dir: str = field(metadata=_help("Where checkpoints, logs and the final model are written."))
     overwrite_output_dir: bool = field(default=False, metadata=_help(
         "Start over instead of resuming from output_dir's latest checkpoint-<step>: once the model and data have "
-        "loaded, the old run's checkpoint-* directories, final weights and config, merged/ and runs/ are removed "
-        "(tokenizer and other files stay)."))
+        "loaded, the old run's checkpoint-* directories, final weights and config, merged/ and runs/ move to "
+        "output_dir/previous_run/, deleted once the new run has saved (tokenizer and other files stay)."))
     do_train: bool = field(default=False, metadata=_help("Run training."))
     do_eval: bool = field(default=False, metadata=_help("Run evaluation on the dev set."))
     do_predict: bool = field(default=False, metadata=inert("prediction is not implemented", help="Run prediction."))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno as errno_mod
 import json
+import logging
 import os
 import random
 import re
@@ -42,6 +43,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "checkpoint"
 _CKPT_RE = re.compile(rf"^{PREFIX}-(\d+)$")
@@ -207,6 +210,18 @@ def export_command(path: str | os.PathLike) -> str:
     step = checkpoint_step(path)
     return (f"python llm/run_finetune.py <config> --resume_from_checkpoint {path} --max_steps "
             f"{step if step is not None else '<step>'} --output_dir <new dir>")
+
+
+PREVIOUS_RUN_DIR = "previous_run"  # output_dir/previous_run: a replaced run, kept until the new run's first save
+
+
+def drop_previous_run(output_dir: str | os.PathLike) -> None:
+    """Delete ``output_dir/previous_run/`` (``launch.clear_previous_run``: what ``overwrite_output_dir`` moved
+    aside) if it exists; the Trainer calls it on rank 0 right after a checkpoint or the final model is complete."""
+    keep = Path(output_dir) / PREVIOUS_RUN_DIR
+    if keep.is_dir():
+        shutil.rmtree(keep)
+        logger.info("removed %s (the run that overwrite_output_dir replaced): this run has saved", keep)
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:

@@ -330,32 +330,45 @@ def resume_target(training_args, model_path: str | None = None):
 
 
 def clear_previous_run(training_args) -> None:
-    """With ``do_train`` and ``overwrite_output_dir`` (and no ``resume_from_checkpoint``), remove the old run's
-    outputs from ``output_dir`` (rank 0; logged): its ``checkpoint-*`` directories (left there, the next rerun
+    """With ``do_train`` and ``overwrite_output_dir`` (and no ``resume_from_checkpoint``), move the old run's
+    outputs out of the way (rank 0; logged): its ``checkpoint-*`` directories (left there, the next rerun
     would resume the old run, and ``save_total_limit`` would delete the new run's lower-numbered checkpoints
     before the old ones), its final weights of either kind with their config, ``merged/``, the TensorBoard
     ``runs/`` and the saved chat template (``chat_template.jinja`` / ``.json``: a tokenizer without one, trained with
     ``chat_template: none``, would not overwrite it, and transformers would load it back). Other tokenizer files
     and anything else stay. The launchers call it right before ``Trainer.train``, after
     the model and data have loaded, so a bad config, model path or data file never costs the previous model.
+
+    They go to ``output_dir/previous_run/`` and are deleted by ``checkpoint.drop_previous_run`` once the new run has
+    saved its first checkpoint or its final model, so a run that dies before that (out of memory, killed) leaves
+    the previous model there to copy back. If ``previous_run/`` already exists, the run that moved it never saved
+    anything: it still holds the last saved run and is kept, and that unsaved run's leftovers (``runs/``) are
+    removed instead. (PaddleNLP's ``overwrite_output_dir`` only skips the resume; it leaves old checkpoints in
+    place, where its rotation and a later resume can mix them with the new run's.)
     """
     if not (training_args.do_train and training_args.overwrite_output_dir) \
             or training_args.resume_from_checkpoint is not None:
         return
-    from paddlenlp_ext.trainer.checkpoint import list_checkpoints
+    from paddlenlp_ext.trainer.checkpoint import PREVIOUS_RUN_DIR, list_checkpoints
 
     out = training_args.output_dir
     old = [str(p) for p in list_checkpoints(out)] + _previous_outputs(out)
     if old and (not is_distributed() or torch.distributed.get_rank() == 0):
         import shutil
 
-        logger.warning("overwrite_output_dir=true: removing the previous run's outputs in %s: %s", out,
-                       ", ".join(os.path.basename(p) for p in old))
-        for p in old:
-            if os.path.isdir(p):
-                shutil.rmtree(p)
-            else:
-                os.remove(p)
+        keep = os.path.join(out, PREVIOUS_RUN_DIR)
+        names = ", ".join(os.path.basename(p) for p in old)
+        if os.path.isdir(keep):
+            logger.warning("overwrite_output_dir=true: %s holds a run that an earlier overwrite replaced and that "
+                           "run never saved; keeping it, removing the unsaved run's outputs: %s", keep, names)
+            for p in old:
+                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+        else:
+            logger.warning("overwrite_output_dir=true: moving the previous run's outputs (%s) to %s; they are "
+                           "deleted once this run saves its first checkpoint or its final model", names, keep)
+            os.makedirs(keep)
+            for p in old:
+                os.replace(p, os.path.join(keep, os.path.basename(p)))
     if is_distributed():
         torch.distributed.barrier()
 

@@ -480,6 +480,8 @@ class Trainer:
                                     self.lr_scheduler, asdict(self.state), data_state,
                                     getattr(self.args, "save_total_limit", None))
         logger.info("saved checkpoint %s", path)
+        if self.dp.is_main:
+            ckpt.drop_previous_run(self.args.output_dir)  # overwrite_output_dir's old run: this one has saved now
         return str(path)
 
     def _load_checkpoint(self, path) -> None:
@@ -531,6 +533,8 @@ class Trainer:
         if self.dp.is_main and self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
             with ckpt.explain_tokenizer_write_errors(self.tokenizer, output_dir):
                 self.tokenizer.save_pretrained(output_dir)
+        if self.dp.is_main and os.path.abspath(output_dir) == os.path.abspath(self.args.output_dir):
+            ckpt.drop_previous_run(output_dir)
         return output_dir
 
 

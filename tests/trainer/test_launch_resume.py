@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from paddlenlp_ext.trainer.checkpoint import drop_previous_run
 from paddlenlp_ext.trainer.launch import clear_previous_run, resume_target
 
 
@@ -70,7 +71,26 @@ def test_overwrite_starts_over_and_removes_old_outputs(tmp_path):
     assert all(p.exists() for p in old) and (tmp_path / "model.safetensors").exists()  # nothing removed yet
     clear_previous_run(args)  # the launchers call it once the model and data have loaded
     assert not any(p.exists() for p in old)
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tokenizer.json"]  # the tokenizer and user files stay
+    # moved aside, not deleted, until the new run saves; the tokenizer and user files stay
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "previous_run", "tokenizer.json"]
+    kept = tmp_path / "previous_run"
+    assert sorted(os.listdir(kept)) == ["adapter_config.json", "adapter_model.safetensors", "checkpoint-2",
+                                        "checkpoint-4", "config.json", "merged", "model.safetensors", "runs"]
+    assert resume_target(_args(tmp_path)) is None  # nothing left to resume at the top level
+    drop_previous_run(tmp_path)  # the Trainer, after the new run's first save
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tokenizer.json"]
+
+
+def test_overwrite_after_an_unsaved_overwrite_keeps_the_saved_run(tmp_path):
+    """A second overwrite after a run that died before saving: previous_run/ still holds the last saved run
+    (kept); the dead run's leftovers at the top level are what gets removed."""
+    (tmp_path / "model.safetensors").write_bytes(b"old")
+    args = _args(tmp_path, overwrite_output_dir=True)
+    clear_previous_run(args)
+    (tmp_path / "runs").mkdir()  # the run that died wrote its TensorBoard dir, then nothing
+    clear_previous_run(args)
+    assert sorted(os.listdir(tmp_path)) == ["previous_run"]
+    assert (tmp_path / "previous_run" / "model.safetensors").read_bytes() == b"old"
 
 
 def test_overwrite_refuses_the_model_directory_itself(tmp_path):

@@ -37,3 +37,26 @@ def test_failed_rerun_keeps_the_previous_model(tiny_job):
     # a rerun that loads fine still starts over and replaces the model
     summary = mod.main(_argv(tiny_job, out, overwrite_output_dir=True, learning_rate=1e-2))
     assert summary["global_step"] == 1 and weights.read_bytes() != before
+
+
+def test_run_that_dies_before_saving_keeps_the_previous_model(tiny_job, monkeypatch):
+    """overwrite_output_dir moves the old run to output_dir/previous_run/ and deletes it only after the new run
+    has saved: a run killed before that (out of memory) used to lose both the old model and the new one."""
+    mod = _launcher()
+    out = tiny_job / "out_killed"
+    mod.main(_argv(tiny_job, out))
+    before = (out / "model.safetensors").read_bytes()
+    from paddlenlp_ext.trainer.trainer import Trainer
+
+    def killed(self, *a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train", killed)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            mod.main(_argv(tiny_job, out, overwrite_output_dir=True))
+    assert not (out / "model.safetensors").exists()
+    assert (out / "previous_run" / "model.safetensors").read_bytes() == before  # the old model, to copy back
+    summary = mod.main(_argv(tiny_job, out, overwrite_output_dir=True, learning_rate=1e-2))
+    assert summary["global_step"] == 1 and (out / "model.safetensors").read_bytes() != before
+    assert not (out / "previous_run").exists()  # deleted once the new run saved
