@@ -178,7 +178,8 @@ def init_parallel_dims(training_args):
 def run_cli(main, resumable: bool = False) -> None:
     """``main(sys.argv[1:])`` for a launcher's ``__main__``: user errors (bad config, data or paths: ValueError,
     FileNotFoundError, NotADirectoryError; a failed checkpoint/model write: ``checkpoint.SaveError``) print
-    ``error: <message>`` and exit 2 instead of a traceback; Ctrl-C prints one line (with ``resumable``, the
+    ``error: <message>`` (and the JSON config file the run was given, when the message does not name it) and exit
+    2 instead of a traceback; Ctrl-C prints one line (with ``resumable``, the
     training launchers: how to resume) and exits 130;
     ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
     import sys
@@ -190,7 +191,9 @@ def run_cli(main, resumable: bool = False) -> None:
     except (ValueError, FileNotFoundError, NotADirectoryError, SaveError) as e:
         if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
             raise
-        print(f"error: {e}\n(PADDLENLP_EXT_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        config = next((a for a in sys.argv[1:2] if a.endswith(".json") and os.path.isfile(a)), None)
+        where = f"config: {config}; " if config and config not in str(e) else ""
+        print(f"error: {e}\n({where}PADDLENLP_EXT_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
