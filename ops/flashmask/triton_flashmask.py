@@ -223,6 +223,10 @@ def _operands(kernel: str, even: bool, *tensor_rows):
 
 
 def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
+    if gluon_fwd_eligible(q, k, v):
+        out = _gluon_fwd(q, k, v, mv, causal, scale)
+        if out is not None:
+            return out
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     d_pad = _pow2(d)
@@ -248,6 +252,60 @@ def _fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
 
 
 _GLUON_FAILED: list = []  # "Type: message" of the Gluon backward's first failure in this process (then Triton only)
+_GLUON_FWD_FAILED: list = []  # the same for the Gluon forward
+
+
+def _hopper_gluon_shape(ts, q, s_q_multiple: int) -> bool:
+    """The common scope of the Gluon kernels: CUDA sm_90 (H100 / H200), bf16 / fp16, D = 128, ``S_q`` a multiple
+    of ``s_q_multiple``, ``S_k % 128 == 0``, every tensor of ``ts`` contiguous, 16-byte aligned and of q's dtype,
+    and a Triton with Gluon's Hopper API."""
+    if _interpreting() or not q.is_cuda or torch.version.hip is not None:
+        return False
+    b, s_q, h_q, d = q.shape
+    if (d != 128 or q.dtype not in (torch.bfloat16, torch.float16) or s_q % s_q_multiple or ts[1].shape[1] % 128
+            or torch.cuda.get_device_capability(q.device) != (9, 0)):
+        return False
+    if any(t.dtype != q.dtype or not t.is_contiguous() or t.data_ptr() % 16 for t in ts):
+        return False
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gluon_fwd_eligible(q, k, v) -> bool:
+    """Whether the forward runs the Gluon kernel (``gluon_fwd``: two independent consumer warpgroups and a TMA
+    loader). Opt-in for now: ``FLASHMASK_FWD=auto`` (Gluon where it applies, falling back to Triton if it fails)
+    or ``=gluon`` (a failure raises); the default ``triton`` keeps the Triton kernel (the one that
+    ``FLASHMASK_FWD_CFG`` / ``LPT`` / ``TMA`` act on), because the Gluon forward measured only 1.00-1.15x the
+    Triton one in one A/B (docs/kernel_notes.md, session 12) and the full table has not been run with it. Where
+    it applies: an NVIDIA sm_90 GPU; q, k, v contiguous, 16-byte aligned bf16 / fp16 with D = 128,
+    ``S_q % 128 == 0`` and ``S_k % 128 == 0``; a Triton with Gluon; no earlier failure in this process. It is
+    reproducible run to run like the Triton forward (no atomics), so ``deterministic`` does not matter."""
+    mode = _env_choice("FLASHMASK_FWD", "triton", ("auto", "gluon", "triton"))
+    if mode == "triton" or _GLUON_FWD_FAILED:
+        return False
+    return _hopper_gluon_shape((q, k, v), q, 128)
+
+
+def _gluon_fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
+    """The Gluon forward, or None when it failed and the Triton kernel should run instead (the same rules as
+    :func:`_gluon_bwd`, with ``FLASHMASK_FWD``)."""
+    try:
+        from . import gluon_fwd
+
+        return gluon_fwd.launch(q, k, v, _lists(mv, gluon_fwd.BLOCK_M.value, gluon_fwd.BLOCK_N.value, by_key=False),
+                                mv, causal, scale, LOG2E)
+    except Exception as e:
+        if _env_choice("FLASHMASK_FWD", "triton", ("auto", "gluon", "triton")) == "gluon" or _capturing(q.device):
+            raise
+        if isinstance(e, torch.OutOfMemoryError):
+            return None
+        _GLUON_FWD_FAILED.append(f"{type(e).__name__}: {str(e)[:300]}")
+    warnings.warn(f"flashmask: the Gluon forward failed ({_GLUON_FWD_FAILED[-1]}); using the Triton forward from "
+                  f"now on (FLASHMASK_FWD=triton silences this)", RuntimeWarning, stacklevel=3)
+    return None
 
 
 def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
@@ -261,20 +319,9 @@ def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
     only one that the backward tuning switches ``FLASHMASK_BWD_CFG`` / ``ATOMIC_DQ`` / ``DP_FIRST`` / ``LPT`` /
     ``GQA_SPLIT`` / ``TMA`` act on)."""
     mode = _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton"))
-    if (mode == "triton" or deterministic or torch.are_deterministic_algorithms_enabled() or _GLUON_FAILED
-            or _interpreting() or not q.is_cuda or torch.version.hip is not None):
+    if mode == "triton" or deterministic or torch.are_deterministic_algorithms_enabled() or _GLUON_FAILED:
         return False
-    b, s_q, h_q, d = q.shape
-    if (d != 128 or q.dtype not in (torch.bfloat16, torch.float16) or s_q % 64 or k.shape[1] % 128
-            or torch.cuda.get_device_capability(q.device) != (9, 0)):
-        return False
-    if any(t.dtype != q.dtype or not t.is_contiguous() or t.data_ptr() % 16 for t in (q, k, v, do)):
-        return False
-    try:
-        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _hopper_gluon_shape((q, k, v, do), q, 64)
 
 
 def _gluon_bwd(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, scale: float):

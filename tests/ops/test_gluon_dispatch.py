@@ -1,4 +1,5 @@
-"""Which backward runs (``triton_flashmask.gluon_bwd_eligible``) and the fallback to the Triton kernels, on CPU.
+"""Which backward / forward runs (``triton_flashmask.gluon_bwd_eligible`` / ``gluon_fwd_eligible``) and the
+fallback to the Triton kernels, on CPU.
 
 The Gluon kernel itself needs an sm_90 GPU (tests/gpu/test_gluon_bwd_gpu.py); here its launcher is replaced by
 one that raises, to check that ``FLASHMASK_BWD=auto`` warns once and finishes on the Triton kernels with the
@@ -88,6 +89,63 @@ def test_forced_gluon_raises(monkeypatch):
     _broken_gluon(monkeypatch, RuntimeError("no Gluon here"))
     with pytest.raises(RuntimeError, match="no Gluon here"):
         _grads()
+
+
+def _out(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, 64, 2, 32, generator=g).to(dev) for _ in range(3))
+    return tf.flashmask_attention_triton(q, k, v, None, True, 32 ** -0.5, False)
+
+
+def _broken_gluon_fwd(monkeypatch, exc):
+    gluon_fwd = pytest.importorskip("flashmask.gluon_fwd")  # a Triton with Gluon (3.5+)
+    calls = []
+
+    def boom(*args, **kwargs):
+        calls.append(1)
+        raise exc
+
+    monkeypatch.setattr(tf, "gluon_fwd_eligible", lambda *a, **k: not tf._GLUON_FWD_FAILED)
+    monkeypatch.setattr(gluon_fwd, "launch", boom)
+    monkeypatch.setattr(tf, "_GLUON_FWD_FAILED", [])
+    return calls
+
+
+def test_forward_dispatch(monkeypatch):
+    """The Gluon forward: not on CPU tensors; a bad FLASHMASK_FWD names itself; a failing launcher warns once and
+    the Triton forward gives the same output from then on; out of memory falls back for one call; ``gluon``
+    raises."""
+    q = torch.zeros(1, 128, 2, 128, dtype=torch.bfloat16)
+    monkeypatch.delenv("FLASHMASK_FWD", raising=False)
+    monkeypatch.setattr(tf, "_hopper_gluon_shape", lambda *a: True)  # as if on an H100 / H200
+    assert not tf.gluon_fwd_eligible(q, q, q)  # opt-in: the Triton forward by default
+    monkeypatch.setenv("FLASHMASK_FWD", "auto")
+    assert tf.gluon_fwd_eligible(q, q, q)
+    monkeypatch.undo()
+    monkeypatch.setenv("FLASHMASK_FWD", "auto")
+    assert not tf.gluon_fwd_eligible(q, q, q)  # not a CUDA tensor
+    monkeypatch.setenv("FLASHMASK_FWD", "cuda")
+    with pytest.raises(ValueError, match="FLASHMASK_FWD"):
+        tf.gluon_fwd_eligible(q, q, q)
+    monkeypatch.setenv("FLASHMASK_FWD", "triton")
+    want = _out()
+    monkeypatch.setenv("FLASHMASK_FWD", "auto")
+    calls = _broken_gluon_fwd(monkeypatch, RuntimeError("no Gluon here"))
+    with pytest.warns(RuntimeWarning, match="Gluon forward failed.*no Gluon here"):
+        got = _out()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert tf._GLUON_FWD_FAILED == ["RuntimeError: no Gluon here"] and tf._GLUON_FAILED == []
+    _out()
+    assert len(calls) == 1
+    calls = _broken_gluon_fwd(monkeypatch, torch.OutOfMemoryError("CUDA out of memory"))
+    _out()
+    _out()
+    assert len(calls) == 2 and tf._GLUON_FWD_FAILED == []
+    monkeypatch.setenv("FLASHMASK_FWD", "gluon")
+    _broken_gluon_fwd(monkeypatch, RuntimeError("no Gluon here"))
+    with pytest.raises(RuntimeError, match="no Gluon here"):
+        _out()
 
 
 @pytest.mark.parametrize("shape,dtype,rows,cols,block", [

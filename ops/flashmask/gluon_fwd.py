@@ -1,0 +1,229 @@
+"""FlashMask forward in Gluon for Hopper: two independent consumer warpgroups and a TMA loader (session 12).
+
+The Triton forward (``triton_fwd``) runs a 128-row query block on 8 warps that move in lockstep: both
+warpgroups issue S = Q K^T, wait, do the softmax arithmetic, issue O += P V, wait, so the tensor cores idle while
+the exponentials run. FlashAttention-3 overlaps one warpgroup's softmax with the other's products. This kernel
+gets that overlap the way ``gluon_bwd`` does: one program per (query block of ``BLOCK_M`` = 128 rows, batch *
+query head) with
+
+- **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps and 240 registers
+  each, each owning 64 query rows and never waiting for the other: for every listed key block (``IDX``, the
+  forward visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones),
+  S = Q_w K^T, the element mask on partial blocks only (FlashMask's LTS/LTE/UTS/UTE, causal), the online softmax
+  in log2 units, O_w += P V; then O_w / l into shared memory and out by a TMA store, and LSE (natural log, -inf on
+  rows with no visible key) by plain stores;
+- **loader** (4 warps, 24 registers): Q once, then K and V of each listed block by TMA into an ``NS``-stage ring
+  (separate K and V barriers, so S can start before V lands) that both consumers release.
+
+Source: FlashAttention-3's forward (Shah et al., 2024: producer / consumer warp specialisation) and FlashMask V3's
+block lists (flashmask.md §2.3-2.4); math, names and outputs as ``triton_fwd``. Measured on an H200 in
+``docs/kernel_notes.md`` (v10 forward row): 0.99-1.15x the Triton forward, so it is opt-in (``FLASHMASK_FWD=auto``
+or ``gluon``; ``triton_flashmask.gluon_fwd_eligible``). A ping-pong schedule between the consumers (FlashAttention-3)
+measured no better and was removed.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+
+from .gluon_bwd import tensor_desc
+
+BLOCK_M = gl.constexpr(128)  # query rows per program (64 per consumer warpgroup)
+BLOCK_N = gl.constexpr(128)  # keys per visited block
+
+
+@gluon.jit
+def _key_block(IDX, n_part, f_lo, t):
+    """Key block of visit ``t``: listed, or computed when the unmasked blocks form one run (``f_lo >= 0``)."""
+    if (t >= n_part) & (f_lo >= 0):
+        n = f_lo + (t - n_part)
+    else:
+        n = gl.load(IDX + t)
+    return n
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, IDX, n_part, n_tot,
+            f_lo, q_row, q_col, kv_row, kv_col):
+    NS: gl.constexpr = k_bufs.type.shape[0]
+    HALF: gl.constexpr = BLOCK_M // 2
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + HALF, q_col], q_bar, q_smem.index(1))
+    for t in range(n_tot):
+        s = t % NS
+        mbarrier.wait(kv_empty.index(s), ((t // NS) & 1) ^ 1)  # both consumers are done with visit t - NS
+        n = _key_block(IDX, n_part, f_lo, t)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + n * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + n * BLOCK_N, kv_col], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _softmax_tile(sc, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE, UTS, UTE, vec_off, CAUSAL: gl.constexpr,
+                  HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
+    """Online-softmax step for scores ``sc`` [64, BLOCK_N] (log2 units) of visit ``t``: the element mask on
+    partially masked blocks (rows that see nothing yet keep a zero row max), then ``(p, alpha, m_new, l_new)``."""
+    if t < n_part:
+        n = _key_block(IDX, n_part, f_lo, t)
+        cols = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, sc.type.layout))
+        r = rows[:, None]
+        masked = r < 0
+        if CAUSAL:
+            masked = masked | (cols[None, :] > r)
+        if HAS_MASK:
+            down = r >= gl.load(LTS + vec_off + cols)[None, :]
+            if HAS_LTE:
+                down = down & (r < gl.load(LTE + vec_off + cols)[None, :])
+            masked = masked | down
+            if HAS_UT:
+                up = r < gl.load(UTE + vec_off + cols)[None, :]
+                if HAS_UTS:
+                    up = up & (r >= gl.load(UTS + vec_off + cols)[None, :])
+                masked = masked | up
+        sc = gl.where(masked, float("-inf"), sc)
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        m_safe = m_new
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(sc - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_desc, LSE, IDX, n_part,
+              n_tot, f_lo, row0, o_row, o_col, lse_off, LTS, LTE, UTS, UTE, vec_off, qk_scale, D: gl.constexpr,
+              CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
+              HAS_UTS: gl.constexpr):
+    NS: gl.constexpr = k_bufs.type.shape[0]
+    HALF: gl.constexpr = BLOCK_M // 2
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BLOCK_N, 16])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, mma_s)
+    dt: gl.constexpr = q_smem.dtype
+    q_w = q_smem.index(w)  # [HALF, D]: this warpgroup's rows; later the staging tile of its output
+    rows = row0 + w * HALF + gl.arange(0, HALF, layout=row_s)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([HALF], gl.float32, layout=row_s)
+    acc = gl.zeros([HALF, D], gl.float32, layout=mma_o)
+    zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
+    mbarrier.wait(q_bar, 0)
+    for t in range(n_tot):
+        s = t % NS
+        phase = (t // NS) & 1
+        mbarrier.wait(k_ready.index(s), phase)
+        sc = warpgroup_mma(q_w, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
+        p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE, UTS, UTE,
+                                           vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+        mbarrier.wait(v_ready.index(s), phase)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_bufs.index(s), acc)
+        mbarrier.arrive(kv_empty.index(s), count=1)  # one of the two consumers' arrivals
+    empty = l_i == 0.0
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    gl.store(LSE + lse_off + rows, lse)
+    out = acc / gl.convert_layout(gl.where(empty, 1.0, l_i), gl.SliceLayout(1, mma_o))[:, None]
+    q_w.store(out.to(dt))
+    fence_async_shared()
+    gl.thread_barrier()  # this warpgroup's 4 warps (the partition)
+    tma.async_copy_shared_to_global(o_desc, [o_row + w * HALF, o_col], q_w)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def flashmask_fwd_gluon_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO, S_q, S_k, H_q, H_mask, NUM_M,
+    NUM_N, qk_scale, G: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, CAUSAL: gl.constexpr,
+    HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr,
+):
+    """O (stored by TMA) and LSE of one query block of one query head.
+
+    Grid ``(S_q // BLOCK_M, B * H_q)``, the last query blocks first (the heaviest, for causal); ``num_warps=4``
+    plus two 4-warp workers, ``maxnreg=168`` (the consumers get 240 registers each, the loader 24). Descriptors
+    over ``[B*S, H*D]`` views: q / o boxes ``[BLOCK_M // 2, D]``, k / v ``[BLOCK_N, D]``; LSE fp32 ``[B, H_q,
+    S_q]``. ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the forward visit lists for ``(BLOCK_M, BLOCK_N)`` tiles.
+    Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
+    """
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H_q
+    h = bh % H_q
+    hk = h // G
+    bm = b * H_mask + h // (H_q // H_mask)
+    lrow = pid_m
+    if HAS_MASK:
+        lrow += bm * NUM_M
+    n_part = gl.load(NPART + lrow)
+    n_tot = n_part + gl.load(NFULL + lrow)
+    f_lo = gl.load(FLO + lrow)
+    IDX_row = IDX + lrow * NUM_N
+    dt: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dt, [2, BLOCK_M // 2, D], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_N, D], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_N, D], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NS):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+    row0 = pid_m * BLOCK_M
+    q_row = b * S_q + row0
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_desc, LSE, IDX_row, n_part,
+                     n_tot, f_lo, row0, q_row, h * D, bh * S_q, LTS, LTE, UTS, UTE, bm * S_k, qk_scale, D, CAUSAL,
+                     HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+        (_consumer, (1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_desc, LSE, IDX_row, n_part,
+                     n_tot, f_lo, row0, q_row, h * D, bh * S_q, LTS, LTE, UTS, UTE, bm * S_k, qk_scale, D, CAUSAL,
+                     HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, IDX_row, n_part,
+                   n_tot, f_lo, q_row, h * D, b * S_k, hk * D)),
+    ], [4, 4], [240, 24])
+
+
+def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float, stages: int = 2):
+    """Host side: descriptors and the launch; returns ``(o, lse)`` like ``triton_fwd`` (o like q, lse fp32
+    ``[B, H_q, S_q]`` in natural-log units, -inf on rows with no visible key).
+
+    Args:
+        q, k, v: contiguous, 16-byte aligned ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU, ``S_q % 128 == 0``,
+            ``S_k % 128 == 0`` (``triton_flashmask.gluon_fwd_eligible`` checks all of it).
+        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``.
+        mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as ``flashmask_attention``. log2e: log2(e).
+        stages: depth of the K / V ring (2: 160 KB of shared memory, the default; 3: 224 KB).
+
+    Raises:
+        ValueError: a shape, dtype or layout outside the kernel's scope (named in the message).
+    """
+    import torch
+
+    bm, bn = BLOCK_M.value, BLOCK_N.value
+    b, s_q, h_q, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    if d != 128 or s_q % bm or s_k % bn:
+        raise ValueError(f"gluon_fwd.launch: needs head dim 128, S_q % {bm} == 0 and S_k % {bn} == 0; got D={d}, "
+                         f"S_q={s_q}, S_k={s_k}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
+            raise ValueError(f"gluon_fwd.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
+                             f"{t.dtype}, strides {t.stride()}")
+    o = torch.empty_like(q)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    idx, n_part, n_full, full_lo = lists  # [L, NUM_M, NUM_N], [L, NUM_M] x 3
+    flashmask_fwd_gluon_kernel[(s_q // bm, b * h_q)](
+        tensor_desc(q, b * s_q, h_q * d, [bm // 2, d]), tensor_desc(k, b * s_k, h_k * d, [bn, d]),
+        tensor_desc(v, b * s_k, h_k * d, [bn, d]), tensor_desc(o, b * s_q, h_q * d, [bm // 2, d]), lse, mv.lts,
+        mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q, s_k, h_q, mv.h_mask, idx.shape[1], idx.shape[2],
+        scale * log2e, G=h_q // h_k, D=d, NS=stages, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte,
+        HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
+    return o, lse
