@@ -1,32 +1,35 @@
-"""FlashMask forward in Gluon for Hopper: two independent consumer warpgroups and a TMA loader (session 12).
+"""FlashMask forward in Gluon for Hopper: two consumer warpgroups and a TMA loader (sessions 12-13).
 
 The Triton forward (``triton_fwd``) runs a 128-row query block on 8 warps that move in lockstep: both
 warpgroups issue S = Q K^T, wait, do the softmax arithmetic, issue O += P V, wait, so the tensor cores idle while
-the exponentials run. FlashAttention-3 overlaps one warpgroup's softmax with the other's products. This kernel
-gets that overlap the way ``gluon_bwd`` does: one program per (query block of ``BLOCK_M`` = 128 rows, batch *
-query head) with
+the exponentials run. This kernel keeps them busy the way FlashAttention-3 does: one program per (query block of
+``BLOCK_M`` = 128 rows, batch * query head) with
 
 - **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps and 240 registers
-  each, each owning 64 query rows and never waiting for the other: for every listed key block (``IDX``, the
-  forward visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones),
-  S = Q_w K^T, the element mask on partial blocks only (FlashMask's LTS/LTE/UTS/UTE, causal), the online softmax
-  in log2 units, O_w += P V; then O_w / l into shared memory and out by a TMA store, and LSE (natural log, -inf on
-  rows with no visible key) by plain stores;
+  each, each owning 64 query rows and never waiting for the other. For every listed key block ``t`` (``IDX``,
+  the forward visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones) a
+  consumer issues S_t = Q_w K_t^T and O_w += P_{t-1} V_{t-1} asynchronously, then runs the element mask (partial
+  blocks only: FlashMask's LTS/LTE/UTS/UTE, causal) and the online softmax (log2 units) of S_t while the P V
+  product is still on the tensor cores (FlashAttention-3's intra-warpgroup overlap), then rescales O_w. At the
+  end O_w / l goes to shared memory and out by a TMA store, LSE (natural log, -inf on rows with no visible key)
+  by plain stores;
 - **loader** (4 warps, 24 registers): Q once, then K and V of each listed block by TMA into an ``NS``-stage ring
-  (separate K and V barriers, so S can start before V lands) that both consumers release.
+  (separate K and V barriers, so S can start before V lands) that both consumers release. The overlap holds
+  two ring slots per consumer (K_t and V_{t-1}), so it needs ``NS = 3`` to keep a load in flight.
 
-Source: FlashAttention-3's forward (Shah et al., 2024: producer / consumer warp specialisation) and FlashMask V3's
-block lists (flashmask.md §2.3-2.4); math, names and outputs as ``triton_fwd``. Measured on an H200 in
-``docs/kernel_notes.md`` (v10 forward row): 0.99-1.15x the Triton forward, so it is opt-in (``FLASHMASK_FWD=auto``
-or ``gluon``; ``triton_flashmask.gluon_fwd_eligible``). A ping-pong schedule between the consumers (FlashAttention-3)
-measured no better and was removed.
+Source: FlashAttention-3's forward (Shah et al., 2024: producer / consumer warp specialisation, intra-warpgroup
+overlap of softmax and products) and FlashMask V3's block lists (flashmask.md §2.3-2.4); math, names and outputs
+as ``triton_fwd``. Measured on an H200 in ``docs/kernel_notes.md`` (v11 forward row): 1.01-1.19x the Triton
+forward, the default on Hopper at D = 128 (``FLASHMASK_FWD``, ``triton_flashmask.gluon_fwd_eligible``). Measured
+and removed: a ping-pong schedule between the consumers, and the products without the overlap (0.96-1.14x).
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .gluon_bwd import tensor_desc
 
@@ -115,17 +118,28 @@ def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, 
     acc = gl.zeros([HALF, D], gl.float32, layout=mma_o)
     zero_s = gl.zeros([HALF, BLOCK_N], gl.float32, layout=mma_s)
     mbarrier.wait(q_bar, 0)
-    for t in range(n_tot):
-        s = t % NS
-        phase = (t // NS) & 1
-        mbarrier.wait(k_ready.index(s), phase)
-        sc = warpgroup_mma(q_w, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
-        p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE, UTS, UTE,
-                                           vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
-        mbarrier.wait(v_ready.index(s), phase)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_bufs.index(s), acc)
-        mbarrier.arrive(kv_empty.index(s), count=1)  # one of the two consumers' arrivals
+    if n_tot > 0:  # FlashAttention-3's intra-warpgroup overlap: O += P_{t-1} V_{t-1} runs under softmax(S_t)
+        mbarrier.wait(k_ready.index(0), 0)
+        sc = warpgroup_mma(q_w, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
+        p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, 0, rows, IDX, n_part, f_lo, LTS, LTE, UTS,
+                                           UTE, vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        for t in range(1, n_tot):
+            s = t % NS
+            sp = (t - 1) % NS
+            mbarrier.wait(k_ready.index(s), (t // NS) & 1)
+            sc = warpgroup_mma(q_w, k_bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(sp), ((t - 1) // NS) & 1)
+            acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_bufs.index(sp), acc, is_async=True)
+            sc = warpgroup_mma_wait(1, deps=[sc])  # S_t done; P_{t-1} V_{t-1} may still run
+            p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE,
+                                               UTS, UTE, vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            mbarrier.arrive(kv_empty.index(sp), count=1)  # one of the two consumers' arrivals
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+        last = n_tot - 1
+        mbarrier.wait(v_ready.index(last % NS), (last // NS) & 1)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_bufs.index(last % NS), acc)
+        mbarrier.arrive(kv_empty.index(last % NS), count=1)
     empty = l_i == 0.0
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
     gl.store(LSE + lse_off + rows, lse)
@@ -191,7 +205,7 @@ def flashmask_fwd_gluon_kernel(
     ], [4, 4], [240, 24])
 
 
-def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float, stages: int = 2):
+def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float, stages: int = 3):
     """Host side: descriptors and the launch; returns ``(o, lse)`` like ``triton_fwd`` (o like q, lse fp32
     ``[B, H_q, S_q]`` in natural-log units, -inf on rows with no visible key).
 
@@ -200,7 +214,8 @@ def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float, stages:
             ``S_k % 128 == 0`` (``triton_flashmask.gluon_fwd_eligible`` checks all of it).
         lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as ``flashmask_attention``. log2e: log2(e).
-        stages: depth of the K / V ring (2: 160 KB of shared memory, the default; 3: 224 KB).
+        stages: depth of the K / V ring (3: 224 KB of shared memory, the default; 2: 160 KB, which leaves
+            the overlapped loop no load in flight: 0.96-1.11x the Triton forward against 1.01-1.19x).
 
     Raises:
         ValueError: a shape, dtype or layout outside the kernel's scope (named in the message).

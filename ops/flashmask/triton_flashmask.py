@@ -275,15 +275,17 @@ def _hopper_gluon_shape(ts, q, s_q_multiple: int) -> bool:
 
 
 def gluon_fwd_eligible(q, k, v) -> bool:
-    """Whether the forward runs the Gluon kernel (``gluon_fwd``: two independent consumer warpgroups and a TMA
-    loader). Opt-in for now: ``FLASHMASK_FWD=auto`` (Gluon where it applies, falling back to Triton if it fails)
-    or ``=gluon`` (a failure raises); the default ``triton`` keeps the Triton kernel (the one that
-    ``FLASHMASK_FWD_CFG`` / ``LPT`` / ``TMA`` act on), because the Gluon forward measured only 1.00-1.15x the
-    Triton one in one A/B (docs/kernel_notes.md, session 12) and the full table has not been run with it. Where
-    it applies: an NVIDIA sm_90 GPU; q, k, v contiguous, 16-byte aligned bf16 / fp16 with D = 128,
-    ``S_q % 128 == 0`` and ``S_k % 128 == 0``; a Triton with Gluon; no earlier failure in this process. It is
-    reproducible run to run like the Triton forward (no atomics), so ``deterministic`` does not matter."""
-    mode = _env_choice("FLASHMASK_FWD", "triton", ("auto", "gluon", "triton"))
+    """Whether the forward runs the Gluon kernel (``gluon_fwd``: two consumer warpgroups that each overlap one
+    key block's softmax with the previous block's P V product, and a TMA loader).
+
+    Yes when ``FLASHMASK_FWD`` is ``auto`` (default; falls back to the Triton kernel if the Gluon one fails) or
+    ``gluon`` (a failure raises), on an NVIDIA sm_90 GPU, with q, k, v contiguous, 16-byte aligned bf16 / fp16,
+    D = 128, ``S_q % 128 == 0`` and ``S_k % 128 == 0``, a Triton with Gluon, and no earlier failure in this
+    process. It measured 1.01-1.19x the Triton forward (docs/kernel_notes.md, session 13).
+    ``FLASHMASK_FWD=triton`` keeps the Triton kernel (the reference path, and the only one that
+    ``FLASHMASK_FWD_CFG`` / ``LPT`` / ``TMA`` act on). Both are reproducible run to run (no atomics), so
+    ``deterministic`` does not matter."""
+    mode = _env_choice("FLASHMASK_FWD", "auto", ("auto", "gluon", "triton"))
     if mode == "triton" or _GLUON_FWD_FAILED:
         return False
     return _hopper_gluon_shape((q, k, v), q, 128)
@@ -298,7 +300,7 @@ def _gluon_fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
         return gluon_fwd.launch(q, k, v, _lists(mv, gluon_fwd.BLOCK_M.value, gluon_fwd.BLOCK_N.value, by_key=False),
                                 mv, causal, scale, LOG2E)
     except Exception as e:
-        if _env_choice("FLASHMASK_FWD", "triton", ("auto", "gluon", "triton")) == "gluon" or _capturing(q.device):
+        if _env_choice("FLASHMASK_FWD", "auto", ("auto", "gluon", "triton")) == "gluon" or _capturing(q.device):
             raise
         if isinstance(e, torch.OutOfMemoryError):
             return None

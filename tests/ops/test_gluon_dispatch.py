@@ -119,9 +119,9 @@ def test_forward_dispatch(monkeypatch):
     q = torch.zeros(1, 128, 2, 128, dtype=torch.bfloat16)
     monkeypatch.delenv("FLASHMASK_FWD", raising=False)
     monkeypatch.setattr(tf, "_hopper_gluon_shape", lambda *a: True)  # as if on an H100 / H200
-    assert not tf.gluon_fwd_eligible(q, q, q)  # opt-in: the Triton forward by default
-    monkeypatch.setenv("FLASHMASK_FWD", "auto")
-    assert tf.gluon_fwd_eligible(q, q, q)
+    assert tf.gluon_fwd_eligible(q, q, q)  # the default is auto
+    monkeypatch.setenv("FLASHMASK_FWD", "triton")
+    assert not tf.gluon_fwd_eligible(q, q, q)
     monkeypatch.undo()
     monkeypatch.setenv("FLASHMASK_FWD", "auto")
     assert not tf.gluon_fwd_eligible(q, q, q)  # not a CUDA tensor

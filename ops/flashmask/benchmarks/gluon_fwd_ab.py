@@ -6,7 +6,7 @@ the benchmark's masks at D = 128, H = 32, B * S = 32K tokens, variants rotated o
 forward in each round. Prints one table: ms, TFLOP/s on unmasked elements and the speed against Triton.
 
 Usage (sm_90 GPU, Triton with Gluon, e.g. 3.6): ``python -m flashmask.benchmarks.gluon_fwd_ab [--seq 8192]
-[--masks full,causal,...] [--variants ns2,ns2_pp,...]``. Results: ``docs/kernel_notes.md`` (v10 forward).
+[--masks full,causal,...] [--variants ns3,ns2]``. Results: ``docs/kernel_notes.md`` (v10 and v11 forward rows).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import argparse
 
 import torch
 
-VARIANTS = {"ns2": dict(stages=2), "ns3": dict(stages=3)}  # K / V ring depth (session 12 also measured a ping-pong)
+# K / V ring depth (session 12 also measured a ping-pong; session 13 products without the overlap)
+VARIANTS = {"ns3": dict(stages=3), "ns2": dict(stages=2)}
 
 
 def _gluon(q, k, v, sri, causal, variant):
