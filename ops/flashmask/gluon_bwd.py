@@ -55,6 +55,18 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def visit_list_row(IDX, NPART, NFULL, FLO, blk, bm, NUM_BLK, NUM_OTHER, HAS_MASK: gl.constexpr):
+    """The visit list of outer block ``blk`` (a key block here, a query block in ``gluon_fwd``):
+    ``(IDX row, n_part, n_tot, f_lo)`` from ``MaskVectors.block_lists`` (one table of ``NUM_BLK`` rows per (batch,
+    mask head) ``bm`` with a mask, one shared table without; each row ``NUM_OTHER`` long)."""
+    lrow = blk
+    if HAS_MASK:
+        lrow += bm * NUM_BLK
+    n_part = gl.load(NPART + lrow)
+    return IDX + lrow * NUM_OTHER, n_part, n_part + gl.load(NFULL + lrow), gl.load(FLO + lrow)
+
+
+@gluon.jit
 def _visit(IDX, n_part, n_tot, f_lo, t):
     """Visit ``t`` of a program: (query head offset g in the GQA group, list position i, query block m).
 
@@ -230,13 +242,7 @@ def flashmask_bwd_gluon_kernel(
     b = bhk // H_k
     hk = bhk % H_k
     bm = b * H_mask + (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
-    lrow = n
-    if HAS_MASK:
-        lrow += bm * NUM_N
-    n_part = gl.load(NPART + lrow)
-    n_tot = n_part + gl.load(NFULL + lrow)
-    f_lo = gl.load(FLO + lrow)
-    IDX_row = IDX + lrow * NUM_M
+    IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
     dt: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], v_desc.layout)

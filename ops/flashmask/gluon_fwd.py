@@ -31,7 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .gluon_bwd import tensor_desc
+from .gluon_bwd import tensor_desc, visit_list_row
 
 BLOCK_M = gl.constexpr(128)  # query rows per program (64 per consumer warpgroup)
 BLOCK_N = gl.constexpr(128)  # keys per visited block
@@ -171,13 +171,7 @@ def flashmask_fwd_gluon_kernel(
     h = bh % H_q
     hk = h // G
     bm = b * H_mask + h // (H_q // H_mask)
-    lrow = pid_m
-    if HAS_MASK:
-        lrow += bm * NUM_M
-    n_part = gl.load(NPART + lrow)
-    n_tot = n_part + gl.load(NFULL + lrow)
-    f_lo = gl.load(FLO + lrow)
-    IDX_row = IDX + lrow * NUM_N
+    IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, pid_m, bm, NUM_M, NUM_N, HAS_MASK)
     dt: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dt, [2, BLOCK_M // 2, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_N, D], k_desc.layout)

@@ -292,22 +292,15 @@ def gluon_fwd_eligible(q, k, v) -> bool:
 
 
 def _gluon_fwd(q, k, v, mv: MaskVectors, causal: bool, scale: float):
-    """The Gluon forward, or None when it failed and the Triton kernel should run instead (the same rules as
-    :func:`_gluon_bwd`, with ``FLASHMASK_FWD``)."""
-    try:
-        from . import gluon_fwd
+    """The Gluon forward, or None when it failed and the Triton kernel should run instead (:func:`_run_gluon`)."""
+
+    def launch():
+        from . import gluon_fwd  # inside: a Triton whose Gluon lacks what it imports falls back like a failed launch
 
         return gluon_fwd.launch(q, k, v, _lists(mv, gluon_fwd.BLOCK_M.value, gluon_fwd.BLOCK_N.value, by_key=False),
                                 mv, causal, scale, LOG2E)
-    except Exception as e:
-        if _env_choice("FLASHMASK_FWD", "auto", ("auto", "gluon", "triton")) == "gluon" or _capturing(q.device):
-            raise
-        if isinstance(e, torch.OutOfMemoryError):
-            return None
-        _GLUON_FWD_FAILED.append(f"{type(e).__name__}: {str(e)[:300]}")
-    warnings.warn(f"flashmask: the Gluon forward failed ({_GLUON_FWD_FAILED[-1]}); using the Triton forward from "
-                  f"now on (FLASHMASK_FWD=triton silences this)", RuntimeWarning, stacklevel=3)
-    return None
+
+    return _run_gluon("forward", "FLASHMASK_FWD", _GLUON_FWD_FAILED, q.device, launch)
 
 
 def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
@@ -327,25 +320,34 @@ def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
 
 
 def _gluon_bwd(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, scale: float):
-    """The Gluon backward, or None when it failed and the Triton kernels should run instead.
+    """The Gluon backward, or None when it failed and the Triton kernels should run instead (:func:`_run_gluon`)."""
 
-    ``FLASHMASK_BWD=gluon`` re-raises, and so does a failure while a CUDA graph is captured (the capture may be
+    def launch():
+        from . import gluon_bwd
+
+        lists = _lists(mv, gluon_bwd.BLOCK_M.value, gluon_bwd.BLOCK_N.value, by_key=True)
+        return gluon_bwd.launch(do, q, k, v, lse2, delta, lists, mv, causal, scale, LOG2E)
+
+    return _run_gluon("backward", "FLASHMASK_BWD", _GLUON_FAILED, q.device, launch)
+
+
+def _run_gluon(which: str, env: str, failed: list, device, launch):
+    """``launch()``, or None when it failed and the Triton ``which`` (forward / backward) should run instead.
+
+    ``env`` = ``gluon`` re-raises, and so does a failure while a CUDA graph is captured (the capture may be
     invalid already). Out of memory falls back for this call only; any other failure (a Triton whose Gluon API
-    differs, a compile error) warns once and switches this process to the Triton kernels."""
+    differs, a compile error) is appended to ``failed`` (a string: no frames, so no tensors, kept alive), warns
+    once and switches this process to the Triton kernel."""
     try:
-        from . import gluon_bwd  # inside: a Triton whose Gluon lacks what it imports falls back like a failed launch
-
-        return gluon_bwd.launch(do, q, k, v, lse2, delta, _lists(mv, gluon_bwd.BLOCK_M.value,
-                                                                   gluon_bwd.BLOCK_N.value, by_key=True),
-                                mv, causal, scale, LOG2E)
+        return launch()
     except Exception as e:
-        if _env_choice("FLASHMASK_BWD", "auto", ("auto", "gluon", "triton")) == "gluon" or _capturing(q.device):
+        if _env_choice(env, "auto", ("auto", "gluon", "triton")) == "gluon" or _capturing(device):
             raise
         if isinstance(e, torch.OutOfMemoryError):
             return None
-        _GLUON_FAILED.append(f"{type(e).__name__}: {str(e)[:300]}")  # a string: no frames (tensors) kept alive
-    warnings.warn(f"flashmask: the Gluon backward failed ({_GLUON_FAILED[-1]}); using the Triton backward from now "
-                  f"on (FLASHMASK_BWD=triton silences this)", RuntimeWarning, stacklevel=3)
+        failed.append(f"{type(e).__name__}: {str(e)[:300]}")
+    warnings.warn(f"flashmask: the Gluon {which} failed ({failed[-1]}); using the Triton {which} from now on "
+                  f"({env}=triton silences this)", RuntimeWarning, stacklevel=4)
     return None
 
 

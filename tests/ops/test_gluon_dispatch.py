@@ -1,7 +1,7 @@
 """Which backward / forward runs (``triton_flashmask.gluon_bwd_eligible`` / ``gluon_fwd_eligible``) and the
 fallback to the Triton kernels, on CPU.
 
-The Gluon kernel itself needs an sm_90 GPU (tests/gpu/test_gluon_bwd_gpu.py); here its launcher is replaced by
+The Gluon kernel itself needs an sm_90 GPU (tests/gpu/test_gluon_gpu.py); here its launcher is replaced by
 one that raises, to check that ``FLASHMASK_BWD=auto`` warns once and finishes on the Triton kernels with the
 right gradients (and stays there), that out of memory falls back for one call only, and that
 ``FLASHMASK_BWD=gluon`` raises instead.
@@ -45,18 +45,20 @@ def test_bad_env_value_names_the_variable(monkeypatch):
                               torch.zeros(1, 128, 2, 128), torch.zeros(1, 128, 2, 128), deterministic=False)
 
 
-def _broken_gluon(monkeypatch, exc):
-    """Eligible whenever the Gluon path has not failed before; its launcher raises ``exc``. Returns the calls."""
-    gluon_bwd = pytest.importorskip("flashmask.gluon_bwd")  # a Triton with Gluon (3.5+)
+def _broken_gluon(monkeypatch, exc, which="bwd"):
+    """The Gluon ``which`` (``fwd`` / ``bwd``) is eligible whenever it has not failed before, and its launcher
+    raises ``exc``. Returns the list of its calls."""
+    module = pytest.importorskip(f"flashmask.gluon_{which}")  # a Triton with Gluon (3.5+)
+    failed = "_GLUON_FWD_FAILED" if which == "fwd" else "_GLUON_FAILED"
     calls = []
 
     def boom(*args, **kwargs):
         calls.append(1)
         raise exc
 
-    monkeypatch.setattr(tf, "gluon_bwd_eligible", lambda *a, **k: not tf._GLUON_FAILED)
-    monkeypatch.setattr(gluon_bwd, "launch", boom)
-    monkeypatch.setattr(tf, "_GLUON_FAILED", [])
+    monkeypatch.setattr(tf, f"gluon_{which}_eligible", lambda *a, **k: not getattr(tf, failed))
+    monkeypatch.setattr(module, "launch", boom)
+    monkeypatch.setattr(tf, failed, [])
     return calls
 
 
@@ -98,20 +100,6 @@ def _out(seed=0):
     return tf.flashmask_attention_triton(q, k, v, None, True, 32 ** -0.5, False)
 
 
-def _broken_gluon_fwd(monkeypatch, exc):
-    gluon_fwd = pytest.importorskip("flashmask.gluon_fwd")  # a Triton with Gluon (3.5+)
-    calls = []
-
-    def boom(*args, **kwargs):
-        calls.append(1)
-        raise exc
-
-    monkeypatch.setattr(tf, "gluon_fwd_eligible", lambda *a, **k: not tf._GLUON_FWD_FAILED)
-    monkeypatch.setattr(gluon_fwd, "launch", boom)
-    monkeypatch.setattr(tf, "_GLUON_FWD_FAILED", [])
-    return calls
-
-
 def test_forward_dispatch(monkeypatch):
     """The Gluon forward: not on CPU tensors; a bad FLASHMASK_FWD names itself; a failing launcher warns once and
     the Triton forward gives the same output from then on; out of memory falls back for one call; ``gluon``
@@ -131,19 +119,19 @@ def test_forward_dispatch(monkeypatch):
     monkeypatch.setenv("FLASHMASK_FWD", "triton")
     want = _out()
     monkeypatch.setenv("FLASHMASK_FWD", "auto")
-    calls = _broken_gluon_fwd(monkeypatch, RuntimeError("no Gluon here"))
+    calls = _broken_gluon(monkeypatch, RuntimeError("no Gluon here"), "fwd")
     with pytest.warns(RuntimeWarning, match="Gluon forward failed.*no Gluon here"):
         got = _out()
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert tf._GLUON_FWD_FAILED == ["RuntimeError: no Gluon here"] and tf._GLUON_FAILED == []
     _out()
     assert len(calls) == 1
-    calls = _broken_gluon_fwd(monkeypatch, torch.OutOfMemoryError("CUDA out of memory"))
+    calls = _broken_gluon(monkeypatch, torch.OutOfMemoryError("CUDA out of memory"), "fwd")
     _out()
     _out()
     assert len(calls) == 2 and tf._GLUON_FWD_FAILED == []
     monkeypatch.setenv("FLASHMASK_FWD", "gluon")
-    _broken_gluon_fwd(monkeypatch, RuntimeError("no Gluon here"))
+    _broken_gluon(monkeypatch, RuntimeError("no Gluon here"), "fwd")
     with pytest.raises(RuntimeError, match="no Gluon here"):
         _out()
 

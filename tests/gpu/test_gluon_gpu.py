@@ -1,0 +1,170 @@
+"""The Gluon kernels (flashmask.gluon_fwd and flashmask.gluon_bwd, sm_90 only) through the public API, against
+the fp32 reference.
+
+Each kernel test runs once per kernel (``gluon`` fixture: ``fwd`` or ``bwd``): ``FLASHMASK_FWD=gluon`` /
+``FLASHMASK_BWD=gluon`` makes a failure of that Gluon path raise instead of falling back to Triton, and every test
+checks that the Gluon launcher ran. ``check`` compares the output, LSE and all gradients with the tolerances of
+tests/gpu/test_flashmask_gpu.py (2x the error of a same-dtype PyTorch run plus a floor, tests/ops/tolerance.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from test_flashmask_gpu import MODES, _builder_masks, check, qkv, random_sri
+
+pytestmark = pytest.mark.gpu
+
+ENV = {"fwd": "FLASHMASK_FWD", "bwd": "FLASHMASK_BWD"}
+
+
+def _require_hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are written for sm_90 (H100 / H200)")
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+
+def _spy(monkeypatch, which: str) -> list:
+    """Force the Gluon ``which`` kernel (``fwd`` / ``bwd``) and record the q shape of each of its launches."""
+    from flashmask import gluon_bwd, gluon_fwd
+
+    module = {"fwd": gluon_fwd, "bwd": gluon_bwd}[which]
+    monkeypatch.setenv(ENV[which], "gluon")
+    calls, real = [], module.launch
+
+    def spy(*args, **kwargs):
+        calls.append(args[0 if which == "fwd" else 1].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "launch", spy)
+    return calls
+
+
+@pytest.fixture(params=["fwd", "bwd"])
+def gluon(request, monkeypatch):
+    """One Gluon kernel forced on; the list of its launches."""
+    _require_hopper()
+    return _spy(monkeypatch, request.param)
+
+
+CASES = list(itertools.product([torch.bfloat16, torch.float16], range(len(MODES)), [1024, 2048]))
+
+
+@pytest.mark.parametrize("dtype,mode,s", CASES, ids=[f"{str(d)[6:]}-mode{m}-S{s}" for d, m, s in CASES])
+def test_gluon_random_masks(gluon, dtype, mode, s):
+    """Every mode (causal or not, 1 / 2 / 4 vectors, no mask), GQA 4:2 at 1024 and 8:2 at 2048, per-head masks."""
+    causal, c = MODES[mode]
+    b, h_q, h_k = (2, 4, 2) if s == 1024 else (1, 8, 2)
+    hm = h_k if (c or 0) % 2 == 0 else 1
+    sri = None if c is None else random_sri(b, hm, s, causal, c, torch.Generator().manual_seed(mode))
+    q, k, v, do = qkv(b, s, h_q, h_k, 128, dtype, 100 + mode)
+    check(q, k, v, do, sri, causal)
+    assert gluon, "the Gluon kernel did not run"
+
+
+@pytest.mark.parametrize("name", ["causal_document", "document", "share_question", "sliding_window",
+                                  "global_sliding", "prefix_lm_causal", "prefix_lm_document", "causal_blockwise",
+                                  "qk_sparse", "random_eviction_per_head"])
+def test_gluon_mask_builders(gluon, name):
+    s = 3072
+    m = _builder_masks(s)[name]
+    q, k, v, do = qkv(2, s, 4, 2, 128, torch.bfloat16, 7)
+    check(q, k, v, do, m.startend_row_indices.cuda(), m.causal)
+    assert gluon
+
+
+@pytest.mark.parametrize("s_q,s_k,masked", [(1024, 2048, True), (2048, 1024, True), (1088, 1024, True),
+                                            (576, 1024, False)])
+def test_gluon_cross_lengths(gluon, s_q, s_k, masked):
+    """S_q != S_k (shorter and longer than S_k; S_q % 128 == 64 runs the Triton forward) with a bidirectional
+    4-vector mask whose rows may see nothing (LSE -inf, O = 0), or none."""
+    sri = None
+    if masked:
+        g = torch.Generator().manual_seed(s_q + s_k)
+        r = torch.sort(torch.randint(0, s_q + 1, (1, 2, s_k, 4), generator=g), dim=-1).values
+        sri = torch.stack([r[..., 2], r[..., 3], r[..., 0], r[..., 1]], -1).to(torch.int32).cuda()  # LTS LTE UTS UTE
+    q, _, _, do = qkv(1, s_q, 4, 2, 128, torch.bfloat16, 12)
+    _, k, v, _ = qkv(1, s_k, 4, 2, 128, torch.bfloat16, 13)
+    check(q, k, v, do, sri, False)
+    assert gluon or s_q % 128, "the Gluon kernel did not run"
+
+
+def test_gluon_scope(monkeypatch):
+    """Where each Gluon kernel applies: the default (unset) is auto for both; ``triton`` turns each off; head dim
+    64, a misaligned tensor, S_q % 128 != 0 (forward) and reproducible backwards run the Triton kernels."""
+    _require_hopper()
+    from flashmask.triton_flashmask import gluon_bwd_eligible, gluon_fwd_eligible
+
+    q = torch.zeros(1, 1024, 2, 128, device="cuda", dtype=torch.bfloat16)
+    d64 = q[..., :64].contiguous()
+    odd = torch.zeros(1 + q.numel(), device="cuda", dtype=q.dtype)[1:].view(q.shape)  # contiguous, misaligned
+    for name in ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    assert gluon_fwd_eligible(q, q, q) and gluon_bwd_eligible(q, q, q, q, deterministic=False)
+    assert not gluon_fwd_eligible(q[:, :960].contiguous(), q, q)  # S_q % 128 == 64
+    assert not gluon_fwd_eligible(d64, d64, d64) and not gluon_bwd_eligible(d64, q, q, q, deterministic=False)
+    assert not gluon_fwd_eligible(odd, q, q) and not gluon_bwd_eligible(odd, q, q, q, deterministic=False)
+    assert not gluon_bwd_eligible(q, q, q, q, deterministic=True)
+    with _deterministic_algorithms():  # torch.use_deterministic_algorithms(True) asks for reproducibility too
+        assert not gluon_bwd_eligible(q, q, q, q, deterministic=False)
+    for name in ENV.values():
+        monkeypatch.setenv(name, "triton")
+    assert not gluon_fwd_eligible(q, q, q) and not gluon_bwd_eligible(q, q, q, q, deterministic=False)
+
+
+def test_gluon_in_cuda_graph(monkeypatch):
+    """Forward + backward, both Gluon, captured in a CUDA graph: a replay equals eager (the output bitwise, the
+    gradients up to the order of dQ's fp32 reduce-adds), also after a new mask is copied into the static index
+    tensor (the mask preprocessing is part of the graph)."""
+    _require_hopper()
+    from flashmask import flashmask_attention
+    from flashmask import masks as M
+
+    calls = {w: _spy(monkeypatch, w) for w in ENV}
+    s = 1024
+    q, k, v, do = qkv(1, s, 4, 2, 128, torch.bfloat16, 21)
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    mask_a = M.causal_document_mask([[300, 500, s - 800]]).startend_row_indices.cuda()
+    mask_b = M.causal_document_mask([[700, s - 700]]).startend_row_indices.cuda()
+    sri = mask_a.clone()
+
+    def step():
+        out = flashmask_attention(q, k, v, sri, causal=True, impl="triton")
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), do))
+
+    def same(got, want):
+        assert torch.equal(got[0], want[0])  # no atomics in the forward
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+    eager_a = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    graph.replay()
+    same(static, eager_a)
+    sri.copy_(mask_b)
+    graph.replay()
+    replay_b = [t.clone() for t in static]
+    same(replay_b, step())
+    assert calls["fwd"] and calls["bwd"]
+
+
+class _deterministic_algorithms:
+    """``torch.use_deterministic_algorithms(True)`` for a block, restoring the previous setting."""
+
+    def __enter__(self):
+        self.was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.was)
