@@ -120,7 +120,7 @@ def jsonl_objects(path: str, kind: str) -> Iterator[tuple]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line.rstrip("\r\n"))  # so that e.colno is on this line, not after it
             except json.JSONDecodeError as e:
                 hint = _whole_document_hint(path) if first else ""
                 raise ValueError(f"{where}: invalid JSON at column {e.colno}: {e.msg} "
@@ -137,9 +137,16 @@ def _whole_document_hint(path: str) -> str:
     records, or one pretty-printed object over several lines; PaddleNLP reads jsonl only), else ``""``."""
     try:
         with open(path, encoding="utf-8-sig") as f:
-            doc = json.load(f)
-    except (ValueError, OSError):
+            text = f.read()
+        doc = json.loads(text)
+    except OSError:
         return ""
+    except ValueError:
+        n = _count_concatenated_objects(text)
+        if n < 2:
+            return ""
+        return (f"; the file holds {n} JSON objects, each spread over several lines (pretty-printed), but the format "
+                f"is jsonl: put each record on a single line (e.g. jq -c . {path} > converted.json)")
     if isinstance(doc, list):
         return (f"; the file is one JSON array of {len(doc)} item(s), but the format is jsonl (one object per line). "
                 "Convert it: python -c \"import json,sys; [print(json.dumps(r, ensure_ascii=False)) for r in "
@@ -148,6 +155,23 @@ def _whole_document_hint(path: str) -> str:
         return ("; the file is one JSON object spread over several lines (pretty-printed), but the format is jsonl: "
                 "put each record on a single line")
     return ""
+
+
+def _count_concatenated_objects(text: str) -> int:
+    """How many JSON objects ``text`` is, one after another with only whitespace between; 0 if it is not that."""
+    decoder, i, n = json.JSONDecoder(), 0, 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return n
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return 0
+        if not isinstance(obj, dict):
+            return 0
+        n += 1
 
 
 def iter_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft_record) -> Iterator[dict]:

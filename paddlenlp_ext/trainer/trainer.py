@@ -321,12 +321,12 @@ class Trainer:
             raise ValueError("Trainer.train() needs train_dataset")
         max_steps = self.compute_max_steps()
         self.create_optimizer_and_scheduler(max_steps)
-        self.state.max_steps = max_steps
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(
             args, "resume_from_checkpoint", None)
         resume_path = ckpt.resolve_resume_path(resume, args.output_dir)
         if resume_path is not None:
             self._load_checkpoint(resume_path)
+        self.state.max_steps = max_steps  # this run's, also when the checkpoint was saved under another max_steps
         acc_steps = int(args.gradient_accumulation_steps)
         per_epoch = self.micro_batches_per_epoch()
         if self.state.global_step >= max_steps:

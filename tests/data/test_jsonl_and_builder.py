@@ -121,3 +121,26 @@ def test_resolve_chat_template(tmp_path):
         resolve_chat_template(str(d))
     with pytest.raises(ValueError, match="no such file"):
         resolve_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_invalid_json_column_is_on_the_line(tmp_path):
+    """The column of an error at the end of a line was reported as column 1 (json.loads got the line with its
+    newline, so the error sat on the empty second line; new-user pass, session 13)."""
+    bad = '{"src": "q", "tgt": "a",'
+    path = write_lines(tmp_path / "bad.json", ['{"src": "q", "tgt": "a"}', bad])
+    with pytest.raises(ValueError, match=rf"bad\.json:2: invalid JSON at column {len(bad) + 1}: Expecting property"):
+        read_jsonl(path)
+
+
+def test_several_pretty_printed_objects_say_it_is_not_jsonl(tmp_path):
+    """Records written one after another with json.dumps(r, indent=2) got no hint (only a whole-file object or
+    array did); new-user pass, session 13."""
+    path = tmp_path / "train.json"
+    path.write_text("".join(json.dumps({"src": f"q{i}", "tgt": "a"}, indent=2) + "\n" for i in range(3)))
+    with pytest.raises(ValueError, match=r"train\.json:1: invalid JSON .*holds 3 JSON objects, each spread over "
+                                         r"several lines .*jq -c \."):
+        read_jsonl(str(path))
+    path.write_text('{"src": "q",\n "tgt": "a"}\n[1]\n')  # not only objects: no claim about the file
+    with pytest.raises(ValueError) as e:
+        read_jsonl(str(path))
+    assert "JSON objects" not in str(e.value)
