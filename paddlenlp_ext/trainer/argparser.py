@@ -397,7 +397,7 @@ class PdArgumentParser:
         # the command line wins: a key given there replaces the file's value before conversion
         items = [(k, v, False, source) for k, v in values.items() if k not in cli]
         items += [(k, v, True, "command line") for k, v in cli.items()]
-        bad_class = set()  # dataclasses with a value that did not convert: not constructed
+        bad_class = set()  # dataclasses with a value that did not convert: their __post_init__ errors are filtered
         key_source: Dict[str, str] = {}  # key -> where its value came from (the file or "command line")
         for key, raw, from_cli, where in items:
             key_source[key] = where
@@ -428,20 +428,25 @@ class PdArgumentParser:
 
         outputs = []
         for i, t in enumerate(self.dataclass_types):
-            missing = [name for name, f in self._fields[i].items()
-                       if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                       and name not in kwargs[i] and name not in failed]
-            for name in missing:
-                errors.append(f"{source}: required key {name!r} ({t.__name__}) is missing; set it in the "
-                              f"JSON or pass --{name} <value>")
-            if missing or i in bad_class:
-                continue  # construct only with well-typed values, so __post_init__ sees valid types
-            try:
+            absent = [name for name, f in self._fields[i].items()
+                      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                      and name not in kwargs[i]]
+            for name in absent:
+                if name not in failed:  # a required key whose value did not convert is reported already
+                    errors.append(f"{source}: required key {name!r} ({t.__name__}) is missing; set it in the "
+                                  f"JSON or pass --{name} <value>")
+            if absent:
+                continue
+            try:  # kwargs hold the well-typed values only: a key that did not convert keeps its default here
                 outputs.append(t(**kwargs[i]))
             except ValueError as e:
-                msg = str(e)
-                msg = msg if msg.startswith(t.__name__) else f"{t.__name__}: {msg}"
-                errors.append(f"{self._post_init_source(msg, kwargs[i], key_source, source)}: {msg}")
+                # one line per problem (ArgumentsError lists them); a problem that names a key which did not
+                # convert is about the default standing in for it, already reported, so it is left out
+                for msg in getattr(e, "problems", None) or [str(e)]:
+                    if i in bad_class and any(re.search(rf"\b{re.escape(k)}\b", msg) for k in failed):
+                        continue
+                    msg = msg if msg.startswith(t.__name__) else f"{t.__name__}: {msg}"
+                    errors.append(f"{self._post_init_source(msg, kwargs[i], key_source, source)}: {msg}")
         if len(errors) == 1:
             raise ValueError(errors[0])
         if errors:

@@ -44,8 +44,17 @@ def _help(text: str) -> Dict[str, str]:
     return {"help": text}
 
 
+class ArgumentsError(ValueError):
+    """Every problem one argument dataclass's ``__post_init__`` found: ``owner`` (the class name) and
+    ``problems`` (one message each); ``str()`` is ``"<owner>: <problem>; <problem>; ..."``."""
+
+    def __init__(self, owner: str, problems: list[str]):
+        super().__init__(f"{owner}: " + "; ".join(problems))
+        self.owner, self.problems = owner, list(problems)
+
+
 class _Errors(list):
-    """Collects validation messages; ``raise_if_any`` raises them together as one ValueError."""
+    """Collects validation messages; ``raise_if_any`` raises them together as one :class:`ArgumentsError`."""
 
     def check(self, ok: bool, msg: str) -> None:
         if not ok:
@@ -53,7 +62,7 @@ class _Errors(list):
 
     def raise_if_any(self, owner: str) -> None:
         if self:
-            raise ValueError(f"{owner}: " + "; ".join(self))
+            raise ArgumentsError(owner, self)
 
 
 @dataclass

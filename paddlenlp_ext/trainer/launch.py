@@ -175,19 +175,50 @@ def init_parallel_dims(training_args):
     return init_distributed(training_args)
 
 
+_RUN: dict = {}  # output_dir and overwrite_output_dir of this process's run (resume_target), for run_cli's message
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that it unwinds like Ctrl-C (``finally`` blocks, context managers)."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
 def run_cli(main, resumable: bool = False) -> None:
     """``main(sys.argv[1:])`` for a launcher's ``__main__``: user errors (bad config, data or paths: ValueError,
     FileNotFoundError, NotADirectoryError; a failed checkpoint/model write: ``checkpoint.SaveError``) print
     ``error: <message>`` (and the JSON config file the run was given, when the message does not name it) and exit
     2 instead of a traceback; Ctrl-C prints one line (with ``resumable``, the
-    training launchers: how to resume) and exits 130;
+    training launchers: how to resume or, after ``overwrite_output_dir``, where the replaced run is kept) and exits 130;
+    SIGTERM (``timeout``, Slurm, Kubernetes) is handled the same way (the same cleanup, e.g. the ``output_dir``
+    lock released) and exits 143, where the handler is still the default;
     ``PADDLENLP_EXT_TRACEBACK=1`` shows the traceback."""
+    import signal
+    import sys
+    import threading
+
+    _RUN.clear()
+    own_sigterm = (threading.current_thread() is threading.main_thread()
+                   and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+    if own_sigterm:
+        signal.signal(signal.SIGTERM, _raise_terminated)  # timeout, Slurm, Kubernetes: clean up as on Ctrl-C
+    try:
+        _run_main(main, sys.argv[1:], resumable)
+    finally:
+        if own_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_main(main, argv, resumable: bool) -> None:
+    """:func:`run_cli`'s body: ``main(argv)`` with its errors and interrupts turned into one line and an exit code."""
     import sys
 
-    from paddlenlp_ext.trainer.checkpoint import SaveError
+    from paddlenlp_ext.trainer.checkpoint import PREVIOUS_RUN_DIR, SaveError
 
     try:
-        main(sys.argv[1:])
+        main(argv)
     except (ValueError, FileNotFoundError, NotADirectoryError, SaveError) as e:
         if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
             raise
@@ -195,14 +226,22 @@ def run_cli(main, resumable: bool = False) -> None:
         where = f"config: {config}; " if config and config not in str(e) else ""
         print(f"error: {e}\n({where}PADDLENLP_EXT_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
             raise
         # checkpoints are written atomically, so the newest checkpoint-<step> in output_dir is complete
         hint = (": rerun the same command to resume from the latest checkpoint-<step> in output_dir (if one was "
                 "saved), or add --overwrite_output_dir true to start over") if resumable else ""
-        print(f"interrupted{hint}", file=sys.stderr)
-        raise SystemExit(130) from None
+        keep = os.path.join(_RUN.get("output_dir") or "", PREVIOUS_RUN_DIR)
+        if resumable and _RUN.get("output_dir") and os.path.isdir(keep):
+            hint = (f": nothing was saved; the run that overwrite_output_dir replaced is kept in {keep} (move its "
+                    "contents back to restore it); the same command starts over")
+        elif resumable and _RUN.get("overwrite"):
+            hint = (": rerun with overwrite_output_dir false to resume from the latest checkpoint-<step> in "
+                    "output_dir (if one was saved); the same command starts over")
+        terminated = isinstance(e, _Terminated)
+        print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}{hint}", file=sys.stderr)
+        raise SystemExit(143 if terminated else 130) from None
 
 
 def require_model_path(model_args) -> str:
@@ -295,6 +334,9 @@ def resume_target(training_args, model_path: str | None = None):
       checkpoint but a final model already there (full weights or a LoRA adapter, whatever kind this run
       writes), ValueError: training would overwrite it silently, or leave a full model and an adapter side by
       side, which ``transformers`` (adapter applied) and ``predict.py`` (adapter ignored) read differently.
+    - Else, with no checkpoint but ``output_dir/previous_run/`` (what an ``overwrite_output_dir`` run that was
+      stopped before its first save moved aside: :func:`clear_previous_run`): ValueError, for the same reason;
+      a plain run would delete it at its first save.
     - Training with ``overwrite_output_dir``: start over (None). The old run's outputs are removed later, by
       :func:`clear_previous_run` right before training, so that a mistake found while loading the model or the
       data leaves them in place.
@@ -304,6 +346,8 @@ def resume_target(training_args, model_path: str | None = None):
 
     Returns a checkpoint path, ``True``/a path string given by the user, or None (fresh start).
     """
+    _RUN.update(output_dir=training_args.output_dir, overwrite=bool(training_args.overwrite_output_dir)
+                and training_args.resume_from_checkpoint is None)
     if training_args.resume_from_checkpoint is not None:
         if training_args.overwrite_output_dir:
             logger.warning("resume_from_checkpoint=%s is given: it is resumed, and overwrite_output_dir removes "
@@ -311,7 +355,7 @@ def resume_target(training_args, model_path: str | None = None):
         return training_args.resume_from_checkpoint
     if not training_args.do_train:
         return None
-    from paddlenlp_ext.trainer.checkpoint import list_checkpoints
+    from paddlenlp_ext.trainer.checkpoint import PREVIOUS_RUN_DIR, list_checkpoints
 
     out = training_args.output_dir
     ckpts = list_checkpoints(out)
@@ -324,6 +368,12 @@ def resume_target(training_args, model_path: str | None = None):
         logger.info("Checkpoint detected, resuming training at %s (set overwrite_output_dir to start over)",
                     ckpts[-1])
         return str(ckpts[-1])
+    keep = os.path.join(out, PREVIOUS_RUN_DIR)
+    if os.path.isdir(keep):
+        raise ValueError(f"output_dir {out} holds {PREVIOUS_RUN_DIR}/, the run that an interrupted "
+                         "overwrite_output_dir run moved aside before it saved anything: rerun with "
+                         "overwrite_output_dir true to train again (previous_run/ is deleted once the new run saves), "
+                         f"or restore it first (mv {keep}/* {out}/ && rmdir {keep}), or choose another output_dir")
     final = _final_model_files(out)
     if final:
         raise ValueError(f"output_dir {out} already holds a trained model ({final[0]}) and no checkpoint to "

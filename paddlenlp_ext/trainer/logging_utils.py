@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 logger = logging.getLogger("paddlenlp_ext.trainer")
 
@@ -62,6 +63,11 @@ class MetricsLogger:
             logger.info("TensorBoard events -> %s", log_dir)
         disable = bool(getattr(args, "disable_tqdm", False)) or not is_main
         self.bar = tqdm(total=max_steps, initial=initial_step, disable=disable, desc="train", dynamic_ncols=True)
+        # while the bar is shown, log records go through tqdm.write (one line each, the bar redrawn below them)
+        # instead of being written onto the end of the bar's line
+        self._redirect = None if disable else logging_redirect_tqdm(loggers=[logging.getLogger("paddlenlp_ext")])
+        if self._redirect is not None:
+            self._redirect.__enter__()
 
     def step(self, n: int = 1) -> None:
         """Advance the bar by ``n`` optimizer steps."""
@@ -90,7 +96,11 @@ class MetricsLogger:
             self.writer.flush()
 
     def close(self) -> None:
-        """Close the bar and flush the event file."""
+        """Close the bar (ending its line, so that what is printed next starts a line of its own), restore the
+        log handlers and flush the event file; idempotent."""
         self.bar.close()
+        if self._redirect is not None:
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
         if self.writer is not None:
             self.writer.close()

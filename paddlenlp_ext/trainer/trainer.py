@@ -352,35 +352,38 @@ class Trainer:
         window.t0 = time.perf_counter()
         total_tokens, total_loss, total_count, train_time = 0, 0.0, 0.0, 0.0
         self.model.train()
-        while self.state.global_step < max_steps:
-            epochs_before = self._epochs_completed(per_epoch)
-            micro = [next(stream) for _ in range(acc_steps)]
-            # PaddleNLP's Trainer publishes the step this way; ERNIE's random position ids are seeded with it.
-            os.environ["TRAINER_GLOBAL_STEP"] = str(self.state.global_step)
-            out = self.training_step(micro)
-            self.state.global_step += 1
-            step = self.state.global_step
-            window.add(out)
-            metrics_logger.step()
-            if step % max(int(args.logging_steps), 1) == 0 or step == max_steps:
-                logs = window.pop(self)
-                logs["lr"] = self.lr_scheduler.get_last_lr()[0]
-                logs["epoch"] = self.state.epoch + (self.state.micro_batches_in_epoch / per_epoch if per_epoch else 0.0)
-                total_loss, total_count = total_loss + logs.pop("_loss_sum"), total_count + logs.pop("_count")
-                total_tokens, train_time = total_tokens + logs.pop("_tokens"), train_time + logs.pop("_elapsed")
-                self.state.log_history.append({"step": step, **logs})
-                metrics_logger.log(logs, step)
-            epoch_done = self._epochs_completed(per_epoch) != epochs_before or step == max_steps
-            if self._due(getattr(args, "evaluation_strategy", "no"), args.eval_steps or args.logging_steps,
-                         step, epoch_done) and self.eval_dataset is not None:
-                with window.paused():  # eval time stays out of tokens/s and train_runtime
-                    eval_metrics = self.evaluate(log=False)
-                self.state.log_history.append({"step": step, **eval_metrics})
-                metrics_logger.log(eval_metrics, step, prefix="eval")
-            if self._due(getattr(args, "save_strategy", "steps"), args.save_steps, step, epoch_done):
-                with window.paused():
-                    self.save_checkpoint()
-        metrics_logger.close()
+        try:  # the bar is closed also on Ctrl-C or an error, so that their message starts a new line
+            while self.state.global_step < max_steps:
+                epochs_before = self._epochs_completed(per_epoch)
+                micro = [next(stream) for _ in range(acc_steps)]
+                # PaddleNLP's Trainer publishes the step this way; ERNIE's random position ids are seeded with it.
+                os.environ["TRAINER_GLOBAL_STEP"] = str(self.state.global_step)
+                out = self.training_step(micro)
+                self.state.global_step += 1
+                step = self.state.global_step
+                window.add(out)
+                metrics_logger.step()
+                if step % max(int(args.logging_steps), 1) == 0 or step == max_steps:
+                    logs = window.pop(self)
+                    logs["lr"] = self.lr_scheduler.get_last_lr()[0]
+                    in_epoch = self.state.micro_batches_in_epoch / per_epoch if per_epoch else 0.0
+                    logs["epoch"] = self.state.epoch + in_epoch
+                    total_loss, total_count = total_loss + logs.pop("_loss_sum"), total_count + logs.pop("_count")
+                    total_tokens, train_time = total_tokens + logs.pop("_tokens"), train_time + logs.pop("_elapsed")
+                    self.state.log_history.append({"step": step, **logs})
+                    metrics_logger.log(logs, step)
+                epoch_done = self._epochs_completed(per_epoch) != epochs_before or step == max_steps
+                if self._due(getattr(args, "evaluation_strategy", "no"), args.eval_steps or args.logging_steps,
+                             step, epoch_done) and self.eval_dataset is not None:
+                    with window.paused():  # eval time stays out of tokens/s and train_runtime
+                        eval_metrics = self.evaluate(log=False)
+                    self.state.log_history.append({"step": step, **eval_metrics})
+                    metrics_logger.log(eval_metrics, step, prefix="eval")
+                if self._due(getattr(args, "save_strategy", "steps"), args.save_steps, step, epoch_done):
+                    with window.paused():
+                        self.save_checkpoint()
+        finally:
+            metrics_logger.close()
         # train_runtime: time inside optimizer steps (eval and checkpoint writes excluded)
         # None (not 0.0) when this call trained nothing (a resumed run already at max_steps)
         result = {"global_step": self.state.global_step, "train_runtime": train_time,

@@ -215,3 +215,21 @@ def test_yaml_config_and_cli(tmp_path):
     bad = write(tmp_path, "steps: [1\n", "bad.yaml")
     with pytest.raises(ValueError, match=r"bad\.yaml:\d+:\d+: invalid YAML"):
         PdArgumentParser(Toy).parse_yaml_file(bad)
+
+
+def test_type_and_value_errors_are_reported_together(tmp_path):
+    """A value that did not convert (bf16: "maybe") kept its dataclass from being built, so the value checks of
+    its __post_init__ (lr_scheduler_type, sharding, warmup_ratio) showed up only on the next run; and they came as
+    one long line (new-user pass, session 13). Now: all of them, one problem per line, and no problem about the
+    default that stood in for the bad value."""
+    cfg = write(tmp_path, {"output_dir": "o", "bf16": "maybe", "max_steps": True, "lr_scheduler_type": "cosin",
+                           "sharding": "stage9", "warmup_ratio": 2.0, "fp16_opt_level": "O2"})
+    with pytest.raises(ValueError) as e:
+        PdArgumentParser((DataArgument, TrainingArguments)).parse_json_file(cfg)
+    lines = str(e.value).splitlines()
+    assert lines[0] == "5 problem(s) in the arguments:", lines
+    for part in ("key 'bf16': expected a bool", "key 'max_steps': expected an int", "lr_scheduler_type must be one of",
+                 "sharding must be", "warmup_ratio must be in [0, 1]"):
+        assert sum(part in line for line in lines) == 1, part
+    # fp16_opt_level O2 needs bf16 or fp16: with bf16 unreadable that check says nothing about the user's config
+    assert not any("O2" in line for line in lines)

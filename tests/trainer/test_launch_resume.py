@@ -76,7 +76,8 @@ def test_overwrite_starts_over_and_removes_old_outputs(tmp_path):
     kept = tmp_path / "previous_run"
     assert sorted(os.listdir(kept)) == ["adapter_config.json", "adapter_model.safetensors", "checkpoint-2",
                                         "checkpoint-4", "config.json", "merged", "model.safetensors", "runs"]
-    assert resume_target(_args(tmp_path)) is None  # nothing left to resume at the top level
+    with pytest.raises(ValueError, match="holds previous_run/"):  # nothing to resume, and a plain run would
+        resume_target(_args(tmp_path))  # delete the replaced model at its first save (session 13)
     drop_previous_run(tmp_path)  # the Trainer, after the new run's first save
     assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tokenizer.json"]
 

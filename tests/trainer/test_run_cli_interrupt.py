@@ -61,3 +61,82 @@ def test_user_error_names_the_config_file(capsys, monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         run_cli(main)
     assert "(config:" not in capsys.readouterr().err
+
+
+def test_sigterm_unwinds_like_ctrl_c(capsys, monkeypatch):
+    """SIGTERM (timeout, Slurm, Kubernetes) killed the process at once: no message, and the output_dir lock and
+    other cleanup were skipped (new-user pass, session 13). It now unwinds like Ctrl-C and exits 143; the default
+    handler is back afterwards."""
+    import os
+    import signal
+    import time
+
+    monkeypatch.delenv("PADDLENLP_EXT_TRACEBACK", raising=False)
+    monkeypatch.setattr("sys.argv", ["run_finetune.py"])
+    cleaned = []
+
+    def main(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here at the latest
+            raise AssertionError("SIGTERM did not interrupt main")
+        finally:
+            cleaned.append(True)
+
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, resumable=True)
+    assert e.value.code == 143 and cleaned == [True]
+    assert capsys.readouterr().err.startswith("terminated (SIGTERM): rerun the same command")
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def _args(out, overwrite):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(output_dir=str(out), overwrite_output_dir=overwrite, resume_from_checkpoint=None,
+                           do_train=True)
+
+
+def test_interrupt_after_overwrite_names_previous_run(capsys, monkeypatch, tmp_path):
+    """After an overwrite_output_dir run was stopped, the message said 'rerun the same command to resume', which
+    starts over instead, and did not say where the replaced run was (new-user pass, session 13)."""
+    from paddlenlp_ext.trainer.launch import resume_target
+
+    monkeypatch.delenv("PADDLENLP_EXT_TRACEBACK", raising=False)
+    monkeypatch.setattr("sys.argv", ["run_finetune.py"])
+
+    def main(argv):
+        resume_target(_args(tmp_path, overwrite=True))
+        (tmp_path / "previous_run").mkdir(exist_ok=True)  # as clear_previous_run leaves it before the first save
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        run_cli(main, resumable=True)
+    err = capsys.readouterr().err
+    assert err.startswith(f"interrupted: nothing was saved; the run that overwrite_output_dir replaced is kept in "
+                          f"{tmp_path / 'previous_run'}") and "the same command starts over" in err
+    (tmp_path / "previous_run").rmdir()
+
+    def main_saved(argv):  # the overwrite run has saved (previous_run/ deleted): resuming needs overwrite off
+        resume_target(_args(tmp_path, overwrite=True))
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        run_cli(main_saved, resumable=True)
+    assert capsys.readouterr().err.startswith("interrupted: rerun with overwrite_output_dir false to resume")
+
+
+def test_plain_run_refuses_previous_run(tmp_path):
+    """A plain rerun after an overwrite run stopped before saving started from scratch and deleted previous_run/
+    (the replaced model) at its first save, without being asked to overwrite (new-user pass, session 13)."""
+    from paddlenlp_ext.trainer.launch import resume_target
+
+    (tmp_path / "previous_run").mkdir()
+    with pytest.raises(ValueError, match=r"holds previous_run/, the run that an interrupted overwrite_output_dir run "
+                                         r"moved aside.*overwrite_output_dir true.*mv "):
+        resume_target(_args(tmp_path, overwrite=False))
+    assert resume_target(_args(tmp_path, overwrite=True)) is None  # start over; previous_run/ is kept until a save
+    (tmp_path / "checkpoint-2").mkdir()  # the overwrite run saved: a plain rerun resumes it
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    assert str(resume_target(_args(tmp_path, overwrite=False))).endswith("checkpoint-2")
