@@ -99,15 +99,17 @@ def _chain(exc: BaseException):
 
 
 def reraise_interrupt(exc: BaseException) -> None:
-    """Raise ``KeyboardInterrupt`` (chained to ``exc``) when a Ctrl-C is anywhere in ``exc``'s chain.
+    """Raise a ``KeyboardInterrupt`` (chained to ``exc``, of the same class as the one found: a SIGTERM is
+    ``launch._Terminated``) when a Ctrl-C or SIGTERM is anywhere in ``exc``'s chain.
 
     A Ctrl-C inside ``torch.save`` surfaces as the stream writer's ``RuntimeError`` ("unexpected pos ...") with the
     KeyboardInterrupt as its context, or wrapped in DCP's ``CheckpointException``: it is an interrupt, not a full
     disk, and the launchers print it as one line (``run_cli``)."""
     if isinstance(exc, KeyboardInterrupt):
         raise exc
-    if any(isinstance(e, KeyboardInterrupt) for e in _chain(exc)):
-        raise KeyboardInterrupt from exc
+    found = next((e for e in _chain(exc) if isinstance(e, KeyboardInterrupt)), None)
+    if found is not None:
+        raise type(found)() from exc
 
 
 def write_failure(exc: BaseException) -> tuple[int | None, str] | None:

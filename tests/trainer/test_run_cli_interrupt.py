@@ -140,3 +140,23 @@ def test_plain_run_refuses_previous_run(tmp_path):
     (tmp_path / "checkpoint-2").mkdir()  # the overwrite run saved: a plain rerun resumes it
     (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
     assert str(resume_target(_args(tmp_path, overwrite=False))).endswith("checkpoint-2")
+
+
+def test_sigterm_during_a_checkpoint_write_stays_sigterm():
+    """A SIGTERM that hit a checkpoint write came out as a plain Ctrl-C ('interrupted', exit 130): the write's
+    wrapper re-raised a new KeyboardInterrupt (found with `timeout 100 run_finetune.py ...`, session 13)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from paddlenlp_ext.trainer import checkpoint as ckpt
+    from paddlenlp_ext.trainer.launch import _Terminated
+
+    wrapped = CheckpointException("write", {0: (_Terminated(), [])})
+    with pytest.raises(KeyboardInterrupt) as e:  # caught as its base: a plain one must fail here, not stop pytest
+        ckpt.reraise_interrupt(wrapped)
+    assert type(e.value) is _Terminated
+    try:
+        raise RuntimeError("unexpected pos") from _Terminated()
+    except RuntimeError as err:
+        with pytest.raises(KeyboardInterrupt) as e:
+            ckpt.reraise_interrupt(err)
+    assert type(e.value) is _Terminated
