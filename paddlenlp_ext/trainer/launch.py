@@ -232,8 +232,9 @@ def _run_main(main, argv, resumable: bool) -> None:
         # checkpoints are written atomically, so the newest checkpoint-<step> in output_dir is complete
         hint = (": rerun the same command to resume from the latest checkpoint-<step> in output_dir (if one was "
                 "saved), or add --overwrite_output_dir true to start over") if resumable else ""
-        keep = os.path.join(_RUN.get("output_dir") or "", PREVIOUS_RUN_DIR)
-        if resumable and _RUN.get("output_dir") and os.path.isdir(keep):
+        out = _RUN.get("output_dir") if resumable else None
+        keep = os.path.join(out, PREVIOUS_RUN_DIR) if out else None
+        if keep and os.path.isdir(keep):
             hint = (f": nothing was saved; the run that overwrite_output_dir replaced is kept in {keep} (move its "
                     "contents back to restore it); the same command starts over")
         elif resumable and _RUN.get("overwrite"):
