@@ -11,7 +11,7 @@ Dynamo recompile once with symbolic sizes ("automatic dynamic shapes"), so packs
 Inductor's ``emulate_precision_casts`` is on where the installed torch has it, so fused bf16 code rounds where
 eager rounds (explicit casts). Under bf16 the fused kernels still skip the bf16 rounding of intermediate results
 of *implicit* bf16 ops (e.g. ``x * cos`` before ``+ rotate_half(x) * sin``), so they match eager to about one
-bf16 ulp, not bitwise; in fp32 they agree to fp32 rounding (tests/perf_ops).
+bf16 ulp, not bitwise; in fp32 they agree to fp32 rounding (tests/fused_ops).
 
 ``COMPILE_ON_CPU`` (default False) compiles on CPU too (needs a C++ compiler; used by the tests).
 """

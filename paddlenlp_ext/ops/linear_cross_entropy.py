@@ -15,7 +15,7 @@ PaddleNLP counterpart: ``use_fused_linear_cross_entropy`` (cut cross entropy in
 Numerics: the loss per token is ``logsumexp(z) - z[label]`` with ``z`` the fp32 upcast of the compute-dtype
 logits, exactly as ``F.cross_entropy(logits.float(), ...)``; under bf16 autocast the gradient rounding differs
 slightly from autograd's (``dlogits`` is rounded to bf16 before being scaled by the loss weight, and ``grad_W`` is
-summed over chunks in fp32), within the bf16 error of the unfused path (see tests/perf_ops).
+summed over chunks in fp32), within the bf16 error of the unfused path (see tests/fused_ops).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, fused: b
              skip_ignored: bool = True):
     """Summed cross entropy of ``model`` on a packed SFT batch.
 
-    Two paths, equal up to floating-point rounding (tests/perf_ops):
+    Two paths, equal up to floating-point rounding (tests/fused_ops):
 
     - unfused: ``logits = model(...)`` ``[B, L, V]`` then ``F.cross_entropy(logits.float(), ...)``; used under
       TP (vocab-parallel loss inside ``loss_parallel``), for models without a plain ``lm_head``, or with

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "models"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "transformers"))
 from _llama_testing import hf_twin, tiny_model  # noqa: E402
 
 from paddlenlp_ext.distributed import apply_compile, parallelize_model  # noqa: E402

@@ -1,6 +1,6 @@
 """Preference data (DPO / RM) with a chat template that ends the assistant turn with no special token.
 
-SFT appends ``eos_token`` to such a turn (``tests/data/test_sft_end_of_turn.py``), and the raw encoding
+SFT appends ``eos_token`` to such a turn (``tests/datasets/test_sft_end_of_turn.py``), and the raw encoding
 (``chat_template: none``) ends each response with ``eos`` as PaddleNLP does; before this, the template path of
 ``encode_response`` learned ``answer\\n`` with no end token at all, so DPO's chosen response never taught the
 policy to stop. Templates whose turn ends in a special token (ChatML's ``<|im_end|>``) are unchanged.
