@@ -16,8 +16,7 @@ device thread), and, as a yardstick for the host, a trivial ``torch.autograd.gra
 ``host`` exceeds ``gpu`` the call is host-bound and ``do_bench`` measures the host.
 
 Usage: ``PYTHONPATH=$PWD/ops:$PWD python benchmarks/attn_host_overhead.py`` (GPU only).
-Results (H200): ``benchmarks/results/attn_host_overhead_h200.log`` (session 7, scratch scripts),
-``benchmarks/results/attn_host_overhead_v8_h200.log`` (session 8, this script before the multithreading row).
+Results (H200): ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ def main() -> None:
     print(f"pack: {len(packs[0]['seq_lens'])} documents; bf16, 32 / 8 heads, D = 64, B = 1, S = 8192")
     print("path               pass      host us   do_bench ms   gpu ms")
     # (label, FLASHMASK_EAGER_OP, autograd engine threads, passes); the autograd engine runs CUDA backward nodes on
-    # its own device thread, with multithreading off on the calling one (session 8: most of the fwd+bwd host time
+    # its own device thread, with multithreading off on the calling one (on an H200 most of the fwd+bwd host time
     # is that handoff, not our code)
     variants = [("autograd.Function", "0", True, calls), ("custom op", "1", True, calls),
                 ("no engine threads", "0", False, {"fwd+bwd": calls["fwd+bwd"]})]

@@ -1,4 +1,4 @@
-"""Our attention vs FlexAttention on the masks of the end-to-end benchmark's packs (issue 8/9 cross-check).
+"""Our attention vs FlexAttention on the masks of the end-to-end benchmark's packs.
 
 The kernel benchmark (ops/flashmask/benchmarks/bench_attention.py) draws its own document lengths; this times the
 real packs of ``benchmarks/e2e_train.py`` (log-normal lengths, 1B shape: 32 query / 8 KV heads, D = 64, one 8K pack
@@ -7,14 +7,14 @@ function (how the e2e ``flex`` setup with compiled layers runs it: the BlockMask
 
 Two timings per pack and side, fwd+bwd (``out.backward(dO)``), ms:
 - ``wall``: ``triton.testing.do_bench`` of the call as a user makes it. At this size the host can be the limit
-  (H200 host, session 7: a trivial ``autograd.grad`` costs about 0.16 ms), so this includes launch overhead.
+  (H200 host: a trivial ``autograd.grad`` costs about 0.16 ms), so this includes launch overhead.
 - ``gpu``: ``triton.testing.do_bench_cudagraph`` of the same work: device time only. For ours the mask
   preprocessing is done once outside the graph (as the per-index-tensor cache does in training) and the
   kernels are called directly; for flex the compiled function is captured whole (its in-graph BlockMask build
   included, as in the e2e setup).
 
 Usage: ``PYTHONPATH=$PWD/ops:$PWD python benchmarks/attn_on_e2e_packs.py [n_packs]`` (GPU only; default 12).
-Result (H200): ``benchmarks/results/attn_on_e2e_packs_h200.log``.
+Results (H200): ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Distributed SFT training speed (issue 6): effective tokens/s on 1 GPU vs 2 GPUs (FSDP, TP) at one global batch.
+"""Distributed SFT training speed: effective tokens/s on 1 GPU vs 2 GPUs (FSDP, TP) at one global batch.
 
 Every layout trains the same randomly initialised Llama-3.2-1B-shaped model (``e2e_train.LLAMA_1B``: hidden 2048,
 16 layers, 32/8 heads, head_dim 64, intermediate 8192, vocab 128256, tied embeddings) on the same synthetic packed
@@ -55,7 +55,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_train import LLAMA_1B, TINY, build_packs  # noqa: E402  (same model shape and data as issue 8)
+from e2e_train import LLAMA_1B, TINY, build_packs  # noqa: E402  (the end-to-end benchmark's model shape and data)
 
 from paddlenlp_ext.datasets import collate_packs  # noqa: E402
 from paddlenlp_ext.distributed import (ParallelDims, all_reduce_sum_dp, dp_slice,  # noqa: E402

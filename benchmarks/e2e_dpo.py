@@ -1,4 +1,4 @@
-"""DPO rows of ``benchmarks/e2e_train.py`` (issue 8): share-question packs vs chosen/rejected as separate sequences.
+"""DPO rows of ``benchmarks/e2e_train.py``: share-question packs vs chosen/rejected as separate sequences.
 
 Both layouts train the same preference pairs with the same loss code (``paddlenlp_ext.trl``: ``policy_pair_logps``
 through ``hidden_states_and_head`` and chunked ``token_logps``, then ``DPOCriterion`` sigmoid, beta 0.1):

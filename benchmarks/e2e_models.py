@@ -1,4 +1,4 @@
-"""Model presets, model building and the FLOP count of ``benchmarks/e2e_train.py`` (issue 8).
+"""Model presets, model building and the FLOP count of ``benchmarks/e2e_train.py``.
 
 Presets (``--model``), random initial weights, seeded:
 

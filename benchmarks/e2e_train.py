@@ -1,4 +1,4 @@
-"""End-to-end training speed (issue 8): tokens/s, MFU, peak memory, a kernel profile and the longest context.
+"""End-to-end training speed: tokens/s, MFU, peak memory, a kernel profile and the longest context.
 
 One process, one GPU. Every setup trains the same randomly initialised model (``--model``: ``llama1b`` default,
 ``llama8b_lora``, ``ernie3b``; see ``e2e_models.py``) on the same synthetic token stream and differs only in how

@@ -3,7 +3,7 @@
 (``=triton``) in one process; D = 128, H = 32, bf16, 8K tokens at B = 1 and 4 (masks of ``bench_attention``).
 
 Usage (one Hopper GPU): ``python benchmarks/gluon_host_vs_device.py``; prints one JSON line per case (ms).
-Session 10 result: ``benchmarks/results/b1_device_time_v10_h200.log``."""
+Results (H200): ``docs/benchmarks.md``."""
 import os, sys, torch, json
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 from triton.testing import do_bench, do_bench_cudagraph

@@ -1,4 +1,4 @@
-"""``to_static`` through the real Trainer (issue 8): tokens/s and peak memory with eager and compiled decoder layers.
+"""``to_static`` through the real Trainer: tokens/s and peak memory with eager and compiled decoder layers.
 
 ``benchmarks/e2e_train.py`` times its own training loop; this script runs :class:`paddlenlp_ext.trainer.Trainer` (the
 loop ``llm/run_finetune.py`` uses: O2 master weights, fused linear cross entropy, its tokens/s windows) on the same

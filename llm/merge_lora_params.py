@@ -78,7 +78,7 @@ def resolve_base(lora_path: str, model_name_or_path: str | None) -> str:
         raise FileNotFoundError(f"--lora_path {lora_path}: no such directory (a LoRA run's output_dir holding "
                                 f"{ADAPTER_CONFIG_NAME} and {ADAPTER_WEIGHTS_NAME})")
     if os.path.isfile(os.path.join(lora_path, TRAINER_STATE)):
-        # was "adapter_config.json not found; it is not a LoRA adapter directory", with no way forward
+        # a checkpoint-<step> directory holds no adapter_config.json: say how to export one from it
         raise ValueError(f"--lora_path {lora_path} is a training checkpoint (torch.distributed.checkpoint shards), "
                          "not an adapter: pass the run's output_dir (its final adapter), or export the checkpoint "
                          f"first: {export_command(lora_path)} (writes the adapter there)")

@@ -412,7 +412,7 @@ def parse_device(device: str) -> str:
     """``--device`` as a torch device string; PaddleNLP's ``gpu`` (``gpu:N``) means ``cuda`` (``cuda:N``).
 
     Raises:
-        ValueError: not a device torch knows (was torch's RuntimeError with a traceback).
+        ValueError: not a device torch knows (instead of torch's RuntimeError with a traceback).
     """
     if device == "gpu" or device.startswith("gpu:"):
         device = "cuda" + device[3:]
@@ -449,7 +449,7 @@ def main(argv=None) -> int:
     if args.decode_strategy is not None:
         args.do_sample = args.decode_strategy == "sampling"
     given = [f"--{k}" for k in SAMPLING if getattr(args, k) is not None]
-    if given and not args.do_sample:  # they were ignored without a word (session-10 new-user pass)
+    if given and not args.do_sample:  # greedy decoding ignores them: say so rather than drop them silently
         print(f"[predict] {', '.join(given)} only apply when sampling (--do_sample or --decode_strategy sampling); "
               "decoding is greedy", file=sys.stderr)
     for k, default in SAMPLING.items():

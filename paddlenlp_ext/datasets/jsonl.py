@@ -199,7 +199,7 @@ def iter_jsonl(path: str, validate: Optional[Callable[[dict], dict]] = check_sft
         yield record
     if count == 0:
         raise ValueError(f"{path}: empty file (no JSON records); expected one {{\"src\", \"tgt\"}} object per line")
-    if empty_answer:  # was silent: "tgt": "" trains the end-of-turn token right after the question
+    if empty_answer:  # "tgt": "" trains the end-of-turn token right after the question
         warn_once_per_file(path, "empty tgt", (
             f"{path}: {len(empty_answer)} of {count} SFT records have an empty answer (a \"tgt\" turn that is empty or "
             f"only whitespace), at {summarize_lines(empty_answer)}: they are trained as they are (PaddleNLP's rule) "
@@ -238,7 +238,7 @@ def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
             if os.path.isfile(p):
                 files[split] = [p]
         # the flat layout wins as soon as train.json or dev.json exists (PaddleNLP's rule): a split kept in its
-        # directory beside it was ignored, and the launcher then said "no train split (train.json or train/*.json)"
+        # directory beside it would be ignored without a word, so a mix of the two layouts is refused
         mixed = [s for s in ("train", "dev") if s not in files and glob.glob(os.path.join(path, s, "*.json"))]
         if mixed:
             flat = " and ".join(f"{s}.json" for s in files)
@@ -252,7 +252,7 @@ def sft_data_files(dataset_name_or_path: str) -> Dict[str, List[str]]:
             found = sorted(glob.glob(os.path.join(path, split, "*.json")))
             if found:
                 files[split] = found
-            # PaddleNLP's layout reads *.json only: a part named *.jsonl was skipped without a word
+            # PaddleNLP's layout reads *.json only: a part named *.jsonl is skipped, so it is warned
             skipped = sorted(glob.glob(os.path.join(path, split, "*.jsonl")))
             if skipped and files:
                 names = ", ".join(os.path.basename(f) for f in skipped[:3]) + (", ..." if len(skipped) > 3 else "")

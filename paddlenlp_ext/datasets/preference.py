@@ -123,7 +123,7 @@ def read_preference_jsonl(path: str) -> Iterator[PreferenceExample]:
     if count == 0:
         raise ValueError(f"{path}: empty file (no JSON records); expected one {{src, tgt, response, sort}} object "
                          "per line")
-    if same:  # was silent
+    if same:  # two identical responses give a zero preference signal
         warn_once_per_file(path, "identical responses", (
             f"{path}: {len(same)} of {count} preference records have two identical responses, at "
             f"{summarize_lines(same)}: such a pair carries no preference (its chosen-minus-rejected margin is 0 whatever "
@@ -323,7 +323,7 @@ class _TokenizedPreferenceStream:
             yield rec
         if not self._warned and (self.stats["truncated"] or self.stats["skipped"]):
             self._warned = True  # once per file: a lazy stream is read again every epoch
-            # was silent: a too small max_seq_len cut most responses (their end token lost) without a word
+            # a too small max_seq_len cuts most responses (their end token lost): say so once per file
             logging.getLogger(__name__).warning(
                 "%s: %d of %d preference examples cut to fit max_seq_len=%d (PaddleNLP's rule: the prompt to its "
                 "last max_prompt_len=%d tokens, then the responses lose their tails, end token included)%s; raise "

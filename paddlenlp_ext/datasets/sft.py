@@ -267,7 +267,7 @@ def tokenize_sft_examples(examples: Iterable[dict], tokenizer, src_length: int, 
             continue
         yield rec
     templated = bool(_template_of(tokenizer, chat_template))
-    if stats.get("truncated"):  # was silent: older turns dropped, or (no template) questions / the newest answer cut
+    if stats.get("truncated"):  # older turns dropped, or (no template) questions / the newest answer cut
         how = "older turns dropped" if templated else (f"older turns dropped, questions cut to src_length={src_length} "
                                                        "tokens, or the newest answer cut to what is left")
         logger.warning("%d of %d SFT examples kept only part of their text to fit max_length=%d (%s); raise "

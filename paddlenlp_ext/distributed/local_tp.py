@@ -4,7 +4,7 @@ Why: with torch's ``ColwiseParallel`` / ``RowwiseParallel`` / ``SequenceParallel
 residual op of every layer runs as a ``DTensor`` op (Python dispatch + sharding propagation + redistribute
 bookkeeping, ~200 DTensor ops per layer per micro-batch measured on gloo), and each column-parallel projection
 all-reduces its own input gradient (q, k, v, gate, up: 5 all-reduces of ``[B, L, E]`` per layer in backward instead
-of 2). On the 2 x H200 1B run TP 2 was 0.51 x one GPU: the step is host-bound.
+of 2). On 2 x H200 (1B model) that plan runs TP 2 at 0.51 x one GPU: the step is host-bound.
 
 Here parameters are placed exactly as in the DTensor plan (same ``Shard`` placements, same rank-major permutation of
 fused ERNIE projections, so state dicts, DCP, exports, clipping and FSDP2 are unchanged), but each module's forward

@@ -75,8 +75,8 @@ class ParallelDims:
             (``torch.distributed.tensor.parallel.loss_parallel``).
         tp_fp32_reduce: reduce the row-parallel partial sums (o/down projections) in fp32 when they are
             bf16/fp16 (twice the bytes of those collectives; see ``tp_styles``) and keep the fp32 sum (the
-            residual stream is fp32 under autocast). None (default): on whenever ``tp > 1`` (since session 9: at
-            TP 2 on two H200s the bf16 sum drifted further from one GPU over 4 steps at the same speed within
+            residual stream is fp32 under autocast). None (default): on whenever ``tp > 1`` (at
+            TP 2 on two H200s the bf16 sum drifts further from one GPU over 4 steps at the same speed within
             noise; ``docs/distributed.md``). False: bf16 sums, half the bytes.
         tp_impl: ``"auto"`` (default: ``"local"`` unless the model has LoRA layers), ``"local"`` (Megatron-style
             compute on local shards, ``local_tp``) or ``"dtensor"`` (torch's ``ColwiseParallel`` / ``RowwiseParallel``

@@ -262,8 +262,8 @@ def _apply_local(model: nn.Module, parallel_dims: ParallelDims) -> None:
 
 def _fp32_reduce(parallel_dims) -> bool:
     """Whether the row-parallel partial sums are reduced in fp32: ``tp_fp32_reduce``, default (None) on for every
-    TP degree. Measured on 2 H200s (TP 2 + SP, 1B Llama, 4 x 8K packs, 5 AdamW steps; docs/distributed_gpu_results.md,
-    session 9): the largest relative loss difference from one GPU is 2.1e-5 with bf16 sums and 1.5e-5 with fp32
+    TP degree. Measured on 2 H200s (TP 2 + SP, 1B Llama, 4 x 8K packs, 5 AdamW steps; docs/distributed_gpu_results.md):
+    the largest relative loss difference from one GPU is 2.1e-5 with bf16 sums and 1.5e-5 with fp32
     ones (4e-7 at the last step), at the same tokens/s within the run-to-run spread."""
     fp32 = getattr(parallel_dims, "tp_fp32_reduce", None)
     return parallel_dims.tp > 1 if fp32 is None else bool(fp32)
@@ -390,8 +390,8 @@ def apply_compile(model: nn.Module) -> int:
     graphs); activation checkpointing (``recompute``) wraps the compiled call. Apply after TP and before FSDP
     (torchtitan's order), after LoRA is injected.
 
-    Measured on an H200 (1B shape, 8K packs, O2; docs/benchmarks.md Run v7): 1.03-1.04x eager tokens/s through the
-    Trainer, same peak memory (``benchmarks/trainer_to_static.py``; the "+6.9 GiB" of Run v6 was a since-fixed leak).
+    Measured on an H200 (1B shape, 8K packs, O2; docs/benchmarks.md): 1.03-1.04x eager tokens/s through the
+    Trainer, same peak memory (``benchmarks/trainer_to_static.py``).
 
     Raises:
         ValueError: no module named ``...layers.<N>`` was found.
@@ -408,7 +408,8 @@ def apply_compile(model: nn.Module) -> int:
 def _training_compiled(layer: nn.Module):
     """The instance ``forward`` of :func:`apply_compile` for ``layer``: the class's ``forward``, compiled, as a
     method bound to the layer, so that ``copy.deepcopy`` of the model rebinds it to the copy (a closure over
-    ``layer.forward`` was copied as is, and a deep copy of a compiled model ran the ORIGINAL layers' weights).
+    ``layer.forward`` would be copied as is, and a deep copy of a compiled model would run the ORIGINAL layers'
+    weights).
     Taking the class's ``forward`` also makes a second :func:`apply_compile` replace the wrapper, not nest it."""
     fn = type(layer).forward
     compiled = torch.compile(fn)

@@ -44,8 +44,7 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
                          "merges into its own base and writes <output_dir>/merged), or train LoRA on a saved model "
                          "directory (e.g. an SFT run's output_dir)")
     if base == adapter_base_model(lora_path) and local_model_dir(base) is None:
-        # was: "model_name_or_path '<base>' is neither a local directory nor ..." for a directory the user never
-        # typed (predict.py --model_name_or_path named the adapter dir), with no word of adapter_config.json
+        # name the file the base came from: the user typed the adapter directory, not this base path
         raise FileNotFoundError(
             f"{os.path.join(lora_path, ADAPTER_CONFIG_NAME)}: the adapter's base model {base!r} "
             "(base_model_name_or_path) is not a local directory (moved or deleted?). Give the base explicitly "

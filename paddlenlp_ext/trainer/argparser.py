@@ -3,7 +3,7 @@
 Matches ``paddlenlp/trainer/argparser.py`` (``PdArgumentParser.parse_json_file_and_cmd_lines``): the launcher
 is called as ``python run_X.py cfg.json [--key value ...]``; the JSON is read first and command-line
 ``--key value`` pairs override it (the command line wins). Every key must be a field of one of the
-dataclasses (PaddleNLP raises on leftovers too).
+dataclasses (PaddleNLP raises on unknown keys too).
 
 Differences from PaddleNLP (all stricter or more informative):
 

@@ -195,7 +195,7 @@ class TrainingArguments:
         "PaddleNLP's dynamic-to-static switch. Here: torch.compile of each decoder layer for training passes "
         "(paddlenlp_ext.distributed.apply_compile; evaluation and generation stay eager). The first steps "
         "compile (tens of seconds). H200, 1B model at 8K packs through the Trainer: 1.03-1.04x tokens/s, same peak "
-        "memory (docs/benchmarks.md, Run v7).")))
+        "memory (docs/benchmarks.md).")))
     use_fused_linear: bool = field(default=False, metadata=inert("the linears already run as single GEMMs",
                                                                  help="Fused linear."))
     use_fused_dropout_add: bool = field(default=False, metadata=inert("the models have no dropout",

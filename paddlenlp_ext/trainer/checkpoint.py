@@ -322,7 +322,7 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, trainer_
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             if tmp.exists():
-                shutil.rmtree(tmp)  # leftover of an earlier crash
+                shutil.rmtree(tmp)  # a write interrupted by a crash
             tmp.mkdir()
         _barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)

@@ -396,7 +396,7 @@ def clear_previous_run(training_args) -> None:
     They go to ``output_dir/previous_run/`` and are deleted by ``checkpoint.drop_previous_run`` once the new run has
     saved its first checkpoint or its final model, so a run that dies before that (out of memory, killed) leaves
     the previous model there to copy back. If ``previous_run/`` already exists, the run that moved it never saved
-    anything: it still holds the last saved run and is kept, and that unsaved run's leftovers (``runs/``) are
+    anything: it still holds the last saved run and is kept, and that unsaved run's own files (``runs/``) are
     removed instead. (PaddleNLP's ``overwrite_output_dir`` only skips the resume; it leaves old checkpoints in
     place, where its rotation and a later resume can mix them with the new run's.)
     """

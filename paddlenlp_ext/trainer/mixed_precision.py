@@ -108,9 +108,9 @@ class MasterWeights:
         self._grads: dict[int, torch.Tensor] = {}  # param index -> fp32 accumulated grad
         self._stashed: list[torch.Tensor | None] = []
         # The hooks reach this object through a weak reference: a parameter's hooks live in C++ where the
-        # garbage collector cannot see them, so a strong one made a cycle that kept every parameter and bf16
-        # copy alive after the model, the optimizer and this object were dropped (6.9 GiB per 1B model on an H200:
-        # a benchmark's second setup in one process reported the first one's weights in its peak memory).
+        # garbage collector cannot see them, so a strong one would make a cycle that keeps every parameter and
+        # bf16 copy alive after the model, the optimizer and this object are dropped (6.9 GiB per 1B model on an
+        # H200: a second setup in one process would count the first one's weights in its peak memory).
         me = weakref.ref(self)
         self._handles = [p.register_post_accumulate_grad_hook(_grad_hook(me, i)) for i, p in enumerate(self.params)]
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):

@@ -52,7 +52,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int = 64, *, do_sam
     if do_sample and temperature <= 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
     if do_sample and not (0.0 <= top_p <= 1.0 and top_k >= 0):
-        # was: top_p outside (0, 1) and top_k < 0 silently meant "no filter" (top_p=0 sampled the full distribution)
+        # refused rather than read as "no filter": top_p=0 would otherwise sample the full distribution
         raise ValueError(f"sampling needs 0 <= top_p <= 1 (1 = no nucleus filter, 0 = the top token only) and "
                          f"top_k >= 0 (0 = no top-k filter); got top_p={top_p}, top_k={top_k}")
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
