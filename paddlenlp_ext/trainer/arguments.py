@@ -260,6 +260,9 @@ class TrainingArguments:
         e.check(0.0 <= self.warmup_ratio <= 1.0, f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
         e.check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
         e.check(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
+        e.check(self.lr_scheduler_type != "polynomial" or self.lr_end < self.learning_rate,
+                f"lr_end ({self.lr_end}) must be smaller than learning_rate ({self.learning_rate}) for "
+                "lr_scheduler_type polynomial (PaddleNLP's rule); lower lr_end")
         e.check(self.weight_decay >= 0, f"weight_decay must be >= 0 (AdamW's decoupled decay), got {self.weight_decay}")
         e.check(0 <= self.seed < 2**32, f"seed must be in [0, 2**32 - 1], got {self.seed}")  # numpy's range
         e.check(self.max_steps == -1 or self.max_steps > 0, f"max_steps must be -1 or > 0, got {self.max_steps}")

@@ -1,16 +1,15 @@
 """AdamW with PaddleNLP's weight-decay rule and the learning-rate schedules with warmup.
 
 Matches ``paddlenlp/trainer/trainer.py`` (``create_optimizer``: no decay on parameters whose name contains
-"bias" or "norm") and ``paddlenlp/transformers/optimization.py`` (``get_*_schedule_with_warmup``;
-``warmup_steps > 0`` overrides ``warmup_ratio``, and the ratio is truncated with ``int()`` as PaddleNLP does).
+"bias" or "norm") and ``paddlenlp/trainer/trainer_utils.py`` (``get_scheduler``: the schedules come from
+``transformers.get_scheduler``, the same formulas; ``warmup_steps > 0`` overrides ``warmup_ratio``, and the ratio is
+truncated with ``int()`` as PaddleNLP does).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable
-
 import torch
+from transformers import get_scheduler
 
 SCHEDULES = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")
 
@@ -57,59 +56,41 @@ def num_warmup_steps(args, max_steps: int) -> int:
     return int(float(getattr(args, "warmup_ratio", 0.0) or 0.0) * max_steps)
 
 
-def lr_lambda(schedule: str, warmup: int, total: int, *, num_cycles: float = 0.5, lr_end: float = 1e-7,
-              power: float = 1.0, base_lr: float = 1.0, min_lr: float = 0.0) -> Callable[[int], float]:
-    """Multiplier of the base learning rate at optimizer step ``step`` (0-based: the lr used by step ``step+1``).
-
-    - linear: ``step/warmup`` then linear decay to 0 at ``total``.
-    - cosine: warmup, then ``0.5*(1+cos(pi*2*num_cycles*progress))``, floored at ``min_lr/base_lr``.
-    - constant: 1 (warmup ignored, as PaddleNLP's ``get_constant_schedule``).
-    - constant_with_warmup: warmup then 1.
-    - polynomial: warmup, then ``(lr - lr_end)*(1-progress)**power + lr_end`` (HF/PaddleNLP formula).
-    Raises ValueError on an unknown schedule name.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"lr_scheduler_type={schedule!r} is not supported; use one of {SCHEDULES}")
-    total = max(int(total), 1)
-
-    def warm(step: int) -> float | None:
-        return step / max(1, warmup) if step < warmup else None
-
-    def fn(step: int) -> float:
-        if schedule == "constant":
-            return 1.0
-        w = warm(step)
-        if w is not None:
-            return w
-        if schedule == "constant_with_warmup":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        if schedule == "cosine":
-            factor = max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
-            floor = min_lr / base_lr if base_lr > 0 else 0.0
-            return floor + (1.0 - floor) * factor
-        # polynomial
-        if lr_end > base_lr:
-            raise ValueError(f"lr_end ({lr_end}) must be <= learning_rate ({base_lr})")
-        return ((base_lr - lr_end) * (1.0 - progress) ** power + lr_end) / base_lr
-
-    return fn
-
-
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, args, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """``LambdaLR`` for ``args.lr_scheduler_type`` over ``max_steps`` optimizer steps.
+    """``transformers.get_scheduler`` for ``args.lr_scheduler_type`` over ``max_steps`` optimizer steps.
+
+    PaddleNLP's ``get_*_schedule_with_warmup`` are Hugging Face's formulas (the multiplier at optimizer step ``s``,
+    0-based: the lr used by step ``s+1``), so the library builds them; ``tests/trainer/test_lr_schedule.py`` checks
+    every value against PaddleNLP's formula. ``constant`` ignores warmup (PaddleNLP's ``get_constant_schedule``);
+    ``min_lr > 0`` floors the cosine (``cosine_with_min_lr``).
 
     Args read: ``lr_scheduler_type``, ``warmup_steps``, ``warmup_ratio``, ``num_cycles``, ``lr_end``, ``power``,
-    ``min_lr``, ``learning_rate``. Raises ValueError on an unknown schedule.
+    ``min_lr``, ``learning_rate``.
+    Raises ValueError: an unknown schedule; ``polynomial`` with ``lr_end >= learning_rate`` (PaddleNLP's rule) or
+    with warmup covering every step (its decay would divide by zero at the last step).
     """
     schedule = str(getattr(args, "lr_scheduler_type", "linear"))
     schedule = schedule.split(".")[-1].lower()  # tolerate enum reprs such as "SchedulerType.LINEAR"
-    fn = lr_lambda(schedule, num_warmup_steps(args, max_steps), max_steps,
-                   num_cycles=float(getattr(args, "num_cycles", 0.5)),
-                   lr_end=float(getattr(args, "lr_end", 1e-7)),
-                   power=float(getattr(args, "power", 1.0)),
-                   base_lr=float(args.learning_rate),
-                   min_lr=float(getattr(args, "min_lr", 0.0) or 0.0))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr_scheduler_type={schedule!r} is not supported; use one of {SCHEDULES}")
+    warmup = num_warmup_steps(args, max_steps)
+    total = max(int(max_steps), 1)
+    lr = float(args.learning_rate)
+    kwargs: dict = {}
+    if schedule == "cosine":
+        kwargs["num_cycles"] = float(getattr(args, "num_cycles", 0.5))
+        min_lr = float(getattr(args, "min_lr", 0.0) or 0.0)
+        if min_lr > 0 and lr > 0:
+            schedule = "cosine_with_min_lr"
+            kwargs["min_lr_rate"] = min_lr / lr
+    elif schedule == "polynomial":
+        lr_end = float(getattr(args, "lr_end", 1e-7))
+        if not lr > lr_end:
+            raise ValueError(f"lr_end ({lr_end}) must be smaller than learning_rate ({lr}) for lr_scheduler_type "
+                             "polynomial (PaddleNLP's rule): lower lr_end")
+        if warmup == total:
+            raise ValueError(f"lr_scheduler_type polynomial: warmup ({warmup} steps) covers all max_steps ({total}), "
+                             "leaving no step to decay over; lower warmup_steps / warmup_ratio")
+        kwargs.update(lr_end=lr_end, power=float(getattr(args, "power", 1.0)))
+    return get_scheduler(schedule, optimizer, num_warmup_steps=warmup, num_training_steps=total,
+                         scheduler_specific_kwargs=kwargs or None)

@@ -1,13 +1,12 @@
-"""Trainer loop: gradient-accumulation equivalence, LR schedules, evaluation, TensorBoard output."""
+"""Trainer loop: gradient-accumulation equivalence, the LR the loop follows, evaluation, TensorBoard output."""
 
 import glob
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from paddlenlp_ext.trainer.optimization import build_optimizer, lr_lambda, num_warmup_steps
+from paddlenlp_ext.trainer.optimization import build_optimizer
 from paddlenlp_ext.trainer.trainer import Trainer
 
 from trainer_fixtures import PackDataset
@@ -61,42 +60,6 @@ def test_accumulated_training_matches_big_batch_training(make_args, tiny_model):
     lb = [h["loss"] for h in b.state.log_history]
     assert len(la) == 4
     assert la == pytest.approx(lb, rel=1e-5, abs=1e-6)
-
-
-@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant", "constant_with_warmup", "polynomial"])
-def test_schedule_values(schedule):
-    warm, total = 2, 10
-    fn = lr_lambda(schedule, warm, total, num_cycles=0.5, lr_end=1e-7, power=2.0, base_lr=1e-3)
-    if schedule == "constant":
-        assert [fn(s) for s in range(total)] == [1.0] * total
-        return
-    assert fn(0) == 0.0 and fn(1) == 0.5 and fn(2) == pytest.approx(1.0)
-    progress = [(s - warm) / (total - warm) for s in range(warm, total + 1)]
-    got = [fn(s) for s in range(warm, total + 1)]
-    if schedule == "linear":
-        want = [1 - p for p in progress]
-    elif schedule == "cosine":
-        want = [0.5 * (1 + math.cos(math.pi * p)) for p in progress]
-    elif schedule == "constant_with_warmup":
-        want = [1.0] * len(progress)
-    else:
-        want = [((1e-3 - 1e-7) * (1 - p) ** 2 + 1e-7) / 1e-3 for p in progress]
-    assert got == pytest.approx(want, abs=1e-12)
-
-
-def test_cosine_min_lr_floor():
-    fn = lr_lambda("cosine", 0, 10, base_lr=1e-3, min_lr=1e-4)
-    assert fn(10) == pytest.approx(0.1) and fn(0) == pytest.approx(1.0)
-
-
-def test_warmup_steps_override_ratio(make_args):
-    assert num_warmup_steps(make_args(warmup_steps=3, warmup_ratio=0.5), 100) == 3
-    assert num_warmup_steps(make_args(warmup_steps=0, warmup_ratio=0.05), 30) == 1  # int(1.5), PaddleNLP
-
-
-def test_unknown_schedule_raises():
-    with pytest.raises(ValueError, match="lr_scheduler_type"):
-        lr_lambda("triangle", 0, 10)
 
 
 def test_trainer_lr_follows_schedule(make_args, tiny_model):
