@@ -21,12 +21,13 @@ import tempfile
 from typing import Any
 
 import torch
+from huggingface_hub import save_torch_state_dict, split_torch_state_dict_into_shards
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_PATTERN = "model{suffix}.safetensors"  # huggingface_hub: suffix "" or "-00001-of-00003"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1000**3  # ~2 GB per file
 # Buffers some HF checkpoints store that our modules compute on the fly.
 IGNORED_CHECKPOINT_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -82,10 +83,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def weight_files(model_dir: str) -> list[str]:
-    """Safetensors files of a model directory: ``[model.safetensors]`` or the shards named in the index.
+    """Safetensors files of a model directory: ``[model.safetensors]`` or the shards named in the index (sorted).
+
+    The one reader of the layout: :func:`load_state_dict` and ERNIE's Paddle import use it.
 
     Raises:
-        FileNotFoundError: neither ``model.safetensors`` nor ``model.safetensors.index.json`` exists.
+        FileNotFoundError: neither ``model.safetensors`` nor ``model.safetensors.index.json`` exists, or the index
+            names a shard that does not exist; ValueError: the index is not JSON with a ``weight_map``.
     """
     single = os.path.join(model_dir, WEIGHTS_NAME)
     index = os.path.join(model_dir, WEIGHTS_INDEX_NAME)
@@ -93,8 +97,12 @@ def weight_files(model_dir: str) -> list[str]:
         return [single]
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        files = [os.path.join(model_dir, n) for n in sorted(set(weight_map.values()))]
+            try:
+                names = set(json.load(f)["weight_map"].values())
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(f"{index}: not a safetensors index (JSON with a \"weight_map\" of tensor name -> "
+                                 f"file): {e}") from None
+        files = [os.path.join(model_dir, n) for n in sorted(names)]
         absent = [p for p in files if not os.path.isfile(p)]
         if absent:
             raise FileNotFoundError(f"{index} names shard files that do not exist: {absent}")
@@ -182,34 +190,17 @@ def atomic_save_dir(save_dir: str):
 
 def save_state_dict(state_dict: dict[str, torch.Tensor], save_dir: str,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
-    """Write tensors as ``model.safetensors`` or as shards + index when larger than ``max_shard_bytes``.
+    """Write tensors as ``model.safetensors``, or as shards + index when larger than ``max_shard_bytes``.
 
-    Tensors must be distinct (drop tied duplicates first) and on CPU or any device (they are copied to CPU).
-    Returns the file names written.
+    ``huggingface_hub.save_torch_state_dict`` writes them (transformers' file names, index and sharding rule: shards
+    filled in key order, a tensor larger than ``max_shard_bytes`` in a shard of its own). Tensors must be distinct
+    (drop tied duplicates first: a shared one would be dropped from the file) and may live on any device (they are
+    copied to CPU). Returns the file names written.
     """
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    total = 0
-    for name, t in state_dict.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t.detach().to("cpu").contiguous()
-        size += nbytes
-        total += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], os.path.join(save_dir, WEIGHTS_NAME), metadata={"format": "pt"})
-        return [WEIGHTS_NAME]
-    names, weight_map = [], {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(save_dir, fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in shard})
-        names.append(fname)
-    write_json(os.path.join(save_dir, WEIGHTS_INDEX_NAME),
-               {"metadata": {"total_size": total}, "weight_map": weight_map})
-    return names + [WEIGHTS_INDEX_NAME]
+    sd = {name: t.detach().to("cpu") for name, t in state_dict.items()}
+    split = split_torch_state_dict_into_shards(sd, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_bytes)
+    save_torch_state_dict(sd, save_dir, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_bytes)
+    return list(split.filename_to_tensors) + ([WEIGHTS_INDEX_NAME] if split.is_sharded else [])
 
 
 class PretrainedMixin:

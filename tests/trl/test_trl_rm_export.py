@@ -83,7 +83,6 @@ def test_rm_export_full_disk_is_one_save_error(base, tmp_path, monkeypatch):
     import errno
     import types
 
-    import paddlenlp_ext.transformers.model_utils as model_utils
     from paddlenlp_ext.trainer.checkpoint import SaveError
     from paddlenlp_ext.trl.rm_trainer import RewardTrainer
 
@@ -97,7 +96,7 @@ def test_rm_export_full_disk_is_one_save_error(base, tmp_path, monkeypatch):
     def enospc(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(model_utils, "save_file", enospc)
+    monkeypatch.setattr("safetensors.torch.save_file", enospc)
     with pytest.raises(SaveError, match=f"could not write the reward model to {out}"):
         RewardTrainer.save_model(trainer)
     assert os.listdir(tmp_path) == ["rm"] and sorted(os.listdir(out)) == before

@@ -14,19 +14,20 @@ tensors over 1 GiB with protocol < 4, ``UnpackBigParamInfor@@``; see Paddle ``py
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 
 import numpy as np
 import torch
 
+from ..model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, weight_files
+
 __all__ = ["RestrictedUnpickler", "UnsafePickleError", "load_pdparams", "paddle_to_ours", "ours_to_paddle",
            "save_paddle_checkpoint", "load_checkpoint_state_dict", "PDPARAMS_NAME"]
 
 PDPARAMS_NAME = "model_state.pdparams"
-SAFE_NAME = "model.safetensors"
-SAFE_INDEX_NAME = "model.safetensors.index.json"
+SAFE_NAME = WEIGHTS_NAME
+SAFE_INDEX_NAME = WEIGHTS_INDEX_NAME
 _STRUCT_KEY = "StructuredToParameterName@@"
 _UNPACK_KEY = "UnpackBigParamInfor@@"
 
@@ -163,21 +164,21 @@ def save_paddle_checkpoint(model, save_directory: str, fmt: str = "pdparams") ->
 
 
 def _load_safetensors_dir(directory: str) -> dict[str, np.ndarray] | dict[str, torch.Tensor]:
+    """Every tensor of a (single or sharded) safetensors directory: numpy arrays when the checkpoint has Paddle's
+    layout (Paddle writes numpy-format files, bf16 as uint16), torch tensors for ours. The layout is decided from
+    the keys of all shards together: one shard of ours may hold only ``lm_head.*``."""
     from safetensors import safe_open
 
-    index = os.path.join(directory, SAFE_INDEX_NAME)
-    files = ([os.path.join(directory, f) for f in sorted(set(json.load(open(index))["weight_map"].values()))]
-             if os.path.isfile(index) else [os.path.join(directory, SAFE_NAME)])
-    tensors = {}
+    files = weight_files(directory)
+    keys = {}
     for fpath in files:
         with safe_open(fpath, framework="np") as f:
-            keys = list(f.keys())
-        if _is_paddle_layout(keys):
-            with safe_open(fpath, framework="np") as f:  # Paddle writes numpy-format files (bf16 as uint16)
-                tensors.update({k: f.get_tensor(k) for k in keys})
-        else:
-            with safe_open(fpath, framework="pt") as f:
-                tensors.update({k: f.get_tensor(k) for k in keys})
+            keys[fpath] = list(f.keys())
+    framework = "np" if _is_paddle_layout([k for ks in keys.values() for k in ks]) else "pt"
+    tensors = {}
+    for fpath in files:
+        with safe_open(fpath, framework=framework) as f:
+            tensors.update({k: f.get_tensor(k) for k in keys[fpath]})
     return tensors
 
 
