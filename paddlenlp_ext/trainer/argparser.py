@@ -495,10 +495,13 @@ class PdArgumentParser:
 
     @staticmethod
     def _load_yaml(path: str) -> Dict[str, Any]:
-        import yaml
-
         if not os.path.isfile(path):
             raise ValueError(f"config file {path!r} does not exist")
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(f"{path}: a YAML config needs PyYAML, which is not installed: pip install pyyaml "
+                             "(or pip install 'paddlenlp-ext[yaml]'), or write the config as JSON") from None
         with open(path, encoding="utf-8") as f:
             try:
                 data = yaml.safe_load(f)

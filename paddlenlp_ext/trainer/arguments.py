@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from .argparser import PdArgumentParser, inert
+from .logging_utils import writer_kinds
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ class TrainingArguments:
     logging_steps: int = field(default=500, metadata=_help("Log every N optimizer steps."))
     logging_dir: Optional[str] = field(default=None, metadata=_help("TensorBoard dir; None = <output_dir>/runs."))
     report_to: Optional[List[str]] = field(default=None, metadata=_help(
-        "Loggers: a list of 'tensorboard' ('visualdl' is written as TensorBoard events too) or 'none'; null, [] or "
+        "Loggers: a list of 'tensorboard' (extra [tensorboard]), 'visualdl' (extra [visualdl]; without it, TensorBoard "
+        "events) or 'none'; null, [] or "
         "'none' = no logger (PaddleNLP's null means visualdl). Command line: --report_to tensorboard, "
         "--report_to tensorboard,visualdl, --report_to '[\"tensorboard\"]' or --report_to []."))
     disable_tqdm: Optional[bool] = field(default=None, metadata=_help("Disable the progress bar."))
@@ -290,8 +292,14 @@ class TrainingArguments:
         e.check(self.virtual_pp_degree >= 1, f"virtual_pp_degree must be >= 1 (1 = off), got {self.virtual_pp_degree}")
         if self.report_to is not None:
             bad = [r for r in self.report_to if r not in ("tensorboard", "none", "visualdl")]
-            e.check(not bad, f"report_to supports 'tensorboard', 'visualdl' (written as TensorBoard events) or "
-                             f"'none', got {bad}; e.g. --report_to tensorboard, or --report_to [] for no logger")
+            e.check(not bad, f"report_to supports 'tensorboard', 'visualdl' (VisualDL records, or TensorBoard events "
+                             f"without VisualDL) or 'none', got {bad}; e.g. --report_to tensorboard, or --report_to [] "
+                             "for no logger")
+            if not bad and not (self.benchmark or self.autotuner_benchmark):  # those clear report_to
+                try:
+                    writer_kinds(self.report_to)
+                except ValueError as err:
+                    e.check(False, str(err))
         e.raise_if_any(type(self).__name__)
         # JSON true / false (PaddleNLP's Trainer takes the bools) as the strings the launchers already take: "true" =
         # the latest checkpoint, "false" = given but no resume (start from step 0, as PaddleNLP with False)

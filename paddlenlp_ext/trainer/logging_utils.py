@@ -1,12 +1,14 @@
-"""Where training metrics go: a tqdm bar, the Python logger, and TensorBoard (``report_to``).
+"""Where training metrics go: a tqdm bar, the Python logger, and TensorBoard / VisualDL (``report_to``).
 
-PaddleNLP logs through ``VisualDLCallback``/``TensorBoardCallback`` into ``logging_dir``; here "visualdl" is
-mapped to TensorBoard (no VisualDL in PyTorch) and the event files go to ``logging_dir`` or
-``output_dir/runs``. Only global rank 0 writes.
+PaddleNLP logs through ``TensorBoardCallback`` / ``VisualDLCallback`` into ``logging_dir``; so do we, to
+``logging_dir`` or ``output_dir/runs``: "tensorboard" writes TensorBoard events (``torch.utils.tensorboard``, extra
+``tensorboard``), "visualdl" VisualDL records (``visualdl.LogWriter``, extra ``visualdl``) or, without VisualDL,
+TensorBoard events. Only global rank 0 writes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from typing import Any
@@ -36,31 +38,75 @@ def _report_targets(report_to: Any) -> set[str]:
     targets = {str(r).lower() for r in report_to}
     if "all" in targets:
         targets.add("tensorboard")
-    if "visualdl" in targets:
-        targets.add("tensorboard")
     return targets
 
 
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def writer_kinds(report_to: Any) -> list[str]:
+    """The event writers ``report_to`` asks for: a sorted subset of ``["tensorboard", "visualdl"]``.
+
+    "visualdl" is VisualDL when the ``visualdl`` package is installed, else TensorBoard events (PaddleNLP's default
+    logger, readable by TensorBoard).
+
+    Raises:
+        ValueError: the package a writer needs is not installed (the message names the ``pip install`` extra and
+            ``report_to []``).
+    """
+    targets = _report_targets(report_to)
+    kinds = set()
+    if "visualdl" in targets:
+        if _installed("visualdl"):
+            kinds.add("visualdl")
+        elif _installed("tensorboard"):
+            kinds.add("tensorboard")
+        else:
+            raise ValueError("report_to visualdl needs VisualDL or TensorBoard, and neither is installed: "
+                             "pip install 'paddlenlp-ext[visualdl]' (VisualDL records) or 'paddlenlp-ext[tensorboard]' "
+                             "(TensorBoard events), or set report_to [] for no logger")
+    if "tensorboard" in targets:
+        if not _installed("tensorboard"):
+            raise ValueError("report_to tensorboard needs the tensorboard package, which is not installed: "
+                             "pip install 'paddlenlp-ext[tensorboard]' (or pip install tensorboard), or set "
+                             "report_to [] for no logger")
+        kinds.add("tensorboard")
+    return sorted(kinds)
+
+
+def _open_writer(kind: str, log_dir: str):
+    """A writer with ``add_scalar(tag, value, step)``, ``flush()`` and ``close()``."""
+    if kind == "visualdl":
+        from visualdl import LogWriter
+
+        return LogWriter(logdir=log_dir)
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=log_dir)
+
+
 class MetricsLogger:
-    """Progress bar + TensorBoard writer for one training run.
+    """Progress bar + TensorBoard / VisualDL writers for one training run.
 
     Args:
         args: reads ``output_dir``, ``logging_dir`` (optional), ``report_to``, ``disable_tqdm``.
         max_steps: total optimizer steps (the bar's length).
         initial_step: global step at start (non-zero after resume).
         is_main: only the main process shows the bar and writes events.
+
+    Raises:
+        ValueError: ``report_to`` names a logger whose package is not installed (:func:`writer_kinds`).
     """
 
     def __init__(self, args, max_steps: int, initial_step: int = 0, is_main: bool = True):
         self.is_main = is_main
-        self.writer = None
-        targets = _report_targets(getattr(args, "report_to", None))
-        if is_main and "tensorboard" in targets:
-            from torch.utils.tensorboard import SummaryWriter
-
+        self.writers = []
+        if is_main:
             log_dir = getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
-            self.writer = SummaryWriter(log_dir=log_dir)
-            logger.info("TensorBoard events -> %s", log_dir)
+            for kind in writer_kinds(getattr(args, "report_to", None)):
+                self.writers.append(_open_writer(kind, log_dir))
+                logger.info("%s -> %s", "VisualDL records" if kind == "visualdl" else "TensorBoard events", log_dir)
         disable = bool(getattr(args, "disable_tqdm", False)) or not is_main
         self.bar = tqdm(total=max_steps, initial=initial_step, disable=disable, desc="train", dynamic_ncols=True)
         # while the bar is shown, log records go through tqdm.write (one line each, the bar redrawn below them)
@@ -87,13 +133,13 @@ class MetricsLogger:
             logger.info("[%s] step %d: %s", prefix, step, text)
         else:
             self.bar.write(f"[{prefix}] step {step}: {text}")
-        if self.writer is not None:
+        for writer in self.writers:
             for k, v in metrics.items():
-                # eval_loss -> eval/loss, eval_rewards/margins -> eval/rewards/margins (HF / PaddleNLP rewrite_logs;
-                # the plain f"{prefix}/{k}" wrote eval/eval_loss, which no train/ tag lines up with)
+                # eval_loss -> eval/loss, eval_rewards/margins -> eval/rewards/margins (HF / PaddleNLP rewrite_logs:
+                # the tag then lines up with its train/ counterpart)
                 name = k[len(prefix) + 1:] if k.startswith(prefix + "_") else k
-                self.writer.add_scalar(f"{prefix}/{name}", v, step)
-            self.writer.flush()
+                writer.add_scalar(f"{prefix}/{name}", v, step)
+            writer.flush()
 
     def close(self) -> None:
         """Close the bar (ending its line, so that what is printed next starts a line of its own), restore the
@@ -102,5 +148,6 @@ class MetricsLogger:
         if self._redirect is not None:
             self._redirect.__exit__(None, None, None)
             self._redirect = None
-        if self.writer is not None:
-            self.writer.close()
+        for writer in self.writers:
+            writer.close()
+        self.writers = []
