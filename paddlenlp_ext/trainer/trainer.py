@@ -32,6 +32,7 @@ from .logging_utils import MetricsLogger
 from .loss import count_label_tokens, count_real_tokens, sft_loss
 from .mixed_precision import MasterWeights, precision_mode
 from .optimization import build_lr_scheduler, build_optimizer
+from .progressive import cut_batch, progressive_length
 from .resume_config import (check_data_order, convert_data_position, data_order, hyperparameters, map_len,
                             reapply_hyperparameters)
 from .trainer_utils import DataParallelView, ResumableSampler, ShardedIterable
@@ -100,6 +101,7 @@ class Trainer:
         self.optimizer = self.lr_scheduler = None
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (global_step, metrics) of the latest evaluate()
         self.data_keys: dict[str, Any] = {}
+        self._progressive_logged: int | None = None  # the last progressive cut length logged
         # Models that draw per-step randomness (ERNIE-3.5-SE random position ids) seed it with the data-parallel
         # replica index, so replicas differ while tensor-parallel ranks of one replica agree.
         for module in model.modules():
@@ -213,14 +215,24 @@ class Trainer:
 
     def count_loss_units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Denominator units in ``batch`` (int64 scalar, computed on the host batch before any forward):
-        label tokens for SFT (only those the model keeps when it shortens the sequence in training, see
-        ``Ernie35ForCausalLM.training_seq_len``). DPO/RM override this with the number of pairs."""
-        keep = getattr(self.model, "training_seq_len", None)
-        if keep is not None and self.model.training:
-            n = keep(batch["labels"].shape[1])
-            if n < batch["labels"].shape[1]:
-                batch = dict(batch, labels=batch["labels"][:, :n])
-        return count_label_tokens(batch)
+        label tokens for SFT (of the batch as cut by :meth:`cut_for_training`). DPO/RM override this with the number
+        of pairs."""
+        return count_label_tokens(self.cut_for_training(batch))
+
+    def cut_for_training(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` cut to the length the model trains on at this step (ERNIE-3.5-SE ``use_progressive_seq_len``:
+        512/1024/2048 tokens before steps 500/1000/1500; ``progressive.cut_batch``), else ``batch`` itself.
+        Applied to every micro-batch before counting and before the forward, so labels, positions, FlashMask
+        vectors and response spans all match what the model sees."""
+        length = progressive_length(self.model, batch["input_ids"].shape[1])
+        if length >= batch["input_ids"].shape[1]:
+            return batch
+        if length != self._progressive_logged:
+            self._progressive_logged = length
+            logger.info("progressive sequence length (use_progressive_seq_len): training on the first %d tokens of "
+                        "each pack from step %d (preference pairs that end past them are left out)", length,
+                        self.state.global_step + 1)
+        return cut_batch(batch, length)
 
     def reduce_metrics(self, loss_sum: float, count: float, metric_sums: dict[str, float]) -> dict[str, float]:
         """Turn globally summed quantities into reported metrics: ``loss = loss_sum / count`` and each
@@ -240,6 +252,7 @@ class Trainer:
         the accumulated gradient is that of the global token mean. Returns device tensors (no host sync):
         local ``loss_sum``, global ``count``, local non-pad ``tokens`` and local metric sums.
         """
+        micro_batches = [self.cut_for_training(b) for b in micro_batches]
         counts = torch.stack([torch.as_tensor(self.count_loss_units(b)) for b in micro_batches])
         total = self.dp.all_reduce_sum(counts.sum().to(self.device, torch.int64)).float()  # exact integer sum
         inv_total = 1.0 / total.clamp(min=1.0)

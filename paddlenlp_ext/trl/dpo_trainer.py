@@ -37,6 +37,11 @@ def policy_pair_logps(model: nn.Module, batch: dict, chunk_size: int = 1024) -> 
     final hidden states ``[B, L, H]`` and the head weight (``hidden_states_and_head``: works under FSDP2 and TP)
     so only response tokens pass the LM head, in chunks; otherwise the full logits of ``model(...)``.
     """
+    from paddlenlp_ext.trainer.progressive import cut_batch, progressive_length
+
+    # a policy that trains on a shorter sequence (ERNIE progressive length) scores the pairs within it; a no-op on
+    # the batches the trainer cut already
+    batch = cut_batch(batch, progressive_length(model, batch["input_ids"].shape[1]))
     kwargs = dict(position_ids=batch.get("position_ids"),
                   attn_mask_startend_row_indices=batch.get("attn_mask_startend_row_indices"))
     trunk, head = getattr(model, "model", None), getattr(model, "lm_head", None)
@@ -168,6 +173,7 @@ class DPOTrainer(Trainer):
     def forward_backward(self, micro_batches):
         """As the Trainer's, with the SFT term's token mean taken over the whole step: the criterion gets
         ``sft_scale = pairs / chosen tokens`` of all micro-batches and data ranks (see ``DPOCriterion``)."""
+        micro_batches = [self.cut_for_training(b) for b in micro_batches]  # progressive length: pairs kept
         pairs = sum(int(b["response_indexs"].shape[0]) for b in micro_batches)
         tokens = sum(int(_token_counts(b)[0].sum()) for b in micro_batches)
         both = self.dp.all_reduce_sum(torch.tensor([pairs, tokens], dtype=torch.int64, device=self.device))

@@ -61,7 +61,9 @@ def token_logps(
             out.append(checkpoint(_chunk_logps_from_hidden, h, weight, t, use_reentrant=False))
         else:
             out.append(_chunk_logps_from_hidden(h, weight, t))
-    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+    # no target (a micro-batch whose pairs all fall past a progressive-length cut): an empty result that is still
+    # part of the graph, so the backward reaches every parameter (FSDP ranks stay in step)
+    return torch.cat(out) if out else _chunk_logps_from_hidden(hidden, weight, targets)
 
 
 def token_logps_from_logits(logits: torch.Tensor, targets: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -73,7 +75,7 @@ def token_logps_from_logits(logits: torch.Tensor, targets: torch.Tensor, chunk_s
     for s in range(0, logits.shape[0], chunk_size):
         x, t = logits[s : s + chunk_size], targets[s : s + chunk_size]
         out.append(checkpoint(_chunk_logps_from_logits, x, t, use_reentrant=False) if grad else _chunk_logps_from_logits(x, t))
-    return torch.cat(out) if out else logits.new_zeros(0, dtype=torch.float32)
+    return torch.cat(out) if out else _chunk_logps_from_logits(logits, targets)
 
 
 def response_segments(response_indexs: torch.Tensor, batch_size: int, seq_len: int) -> torch.Tensor:

@@ -59,6 +59,13 @@ class LlamaForScore(nn.Module):
     def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None) -> torch.Tensor:
         return self.model(input_ids, position_ids, attn_mask_startend_row_indices)
 
+    def training_seq_len(self, seq_len: int) -> int:
+        """Tokens a training step keeps of a ``seq_len``-long pack: the ERNIE-3.5-SE progressive warm-up
+        (``use_progressive_seq_len``; the trainer cuts the batch with it), else ``seq_len``."""
+        from paddlenlp_ext.transformers.ernie35.positions import training_seq_len
+
+        return training_seq_len(self.config, self.training, getattr(self.model, "global_step", None), seq_len)
+
     def score_at(self, hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Scores ``float32 [N]`` at ``hidden[rows[i], cols[i]]`` (int64 ``[N]`` each)."""
         return self.score(hidden[rows, cols]).squeeze(-1).float()
@@ -66,11 +73,17 @@ class LlamaForScore(nn.Module):
     def pair_scores(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Chosen and rejected scores ``float32 [N]`` of a preference pack (RM layout, design.md keys).
 
-        Each response's score is read at its last token: ``rejected_start - 1`` and ``end - 1``.
+        Each response's score is read at its last token: ``rejected_start - 1`` and ``end - 1``. In training with
+        progressive sequence length the pack is first cut (``paddlenlp_ext.trainer.progressive.cut_batch``: only
+        the pairs that end within the cut are scored; a no-op on a batch the trainer cut already).
         """
+        from paddlenlp_ext.trainer.progressive import cut_batch
+
         ri = batch["response_indexs"]
         if ri.dim() != 2 or ri.shape[1] != 4:
             raise ValueError(f"response_indexs must be int64 [N_pairs, 4], got shape {tuple(ri.shape)}")
+        batch = cut_batch(batch, self.training_seq_len(batch["input_ids"].shape[1]))
+        ri = batch["response_indexs"]
         hidden = self(batch["input_ids"], batch.get("position_ids"), batch.get("attn_mask_startend_row_indices"))
         return self.score_at(hidden, ri[:, 0], ri[:, 2] - 1), self.score_at(hidden, ri[:, 0], ri[:, 3] - 1)
 

@@ -29,7 +29,7 @@ import flashmask
 
 from ..model_utils import PretrainedMixin, to_torch_dtype
 from .configuration import ERNIE_PRETRAINED_INIT_CONFIGURATION, Ernie35Config
-from .positions import apply_rotary_pos_emb, position_seed, progressive_seq_len, resolve_position_ids, rope_cos_sin
+from .positions import apply_rotary_pos_emb, position_seed, resolve_position_ids, rope_cos_sin, training_seq_len
 
 __all__ = ["Ernie35Attention", "Ernie35MLP", "Ernie35MLPAttention", "Ernie35DecoderLayer", "Ernie35Model",
            "Ernie35ForCausalLM", "from_preset_or_pretrained", "count_parameters_formula", "SMOLLM2_VOCAB_SIZE",
@@ -211,8 +211,9 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
     every ``o_proj`` and ``mlp.down_proj`` is scaled by ``1 / sqrt(2 * num_hidden_layers)``.
 
     With ``use_progressive_seq_len`` in training mode the inputs are cut to 512/1024/2048 tokens before steps
-    500/1000/1500 (step from ``self.model.global_step`` or ``TRAINER_GLOBAL_STEP``): the logits are then shorter
-    than the labels and the loss must cut the labels to ``logits.shape[1]`` (PaddleNLP cuts ``labels`` in here).
+    500/1000/1500 (step from ``self.model.global_step`` or ``TRAINER_GLOBAL_STEP``), as PaddleNLP does in here.
+    The trainer cuts the whole batch first (``paddlenlp_ext.trainer.progressive``), so that cut is then a no-op;
+    a direct caller gets logits shorter than its labels (``sft_loss`` cuts the labels to match).
     """
 
     config_class = Ernie35Config
@@ -256,11 +257,7 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
     def training_seq_len(self, seq_len: int) -> int:
         """Tokens the next forward keeps of a ``seq_len``-long batch (the progressive warm-up cut, in training
         only): the trainer counts the loss denominator with it before the forward."""
-        if self.config.use_progressive_seq_len and self.training:
-            cut = progressive_seq_len(self.model.global_step)
-            if cut is not None:
-                return min(seq_len, cut)
-        return seq_len
+        return training_seq_len(self.config, self.training, self.model.global_step, seq_len)
 
     def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None):
         """Logits ``[B, L, V]`` (``L`` possibly cut by the progressive warm-up, see class docstring)."""

@@ -20,7 +20,8 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["rope_cos_sin", "apply_rotary_pos_emb", "resolve_position_ids", "progressive_seq_len", "position_seed"]
+__all__ = ["rope_cos_sin", "apply_rotary_pos_emb", "resolve_position_ids", "progressive_seq_len", "position_seed",
+           "training_seq_len"]
 
 ROPE_BASE = 10000.0  # fixed in PaddleNLP's RotaryEmbedding
 
@@ -128,3 +129,13 @@ def progressive_seq_len(global_step: int | None) -> int | None:
         if global_step < limit:
             return length
     return None
+
+
+def training_seq_len(config, training: bool, global_step: int | None, seq_len: int) -> int:
+    """Tokens a forward keeps of a ``seq_len``-long batch: the :func:`progressive_seq_len` cut when
+    ``config.use_progressive_seq_len`` and ``training``, else ``seq_len``."""
+    if getattr(config, "use_progressive_seq_len", False) and training:
+        cut = progressive_seq_len(global_step)
+        if cut is not None:
+            return min(seq_len, cut)
+    return seq_len
