@@ -85,6 +85,9 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
     set_chat_template(tokenizer, data_args.chat_template)  # 'none' also clears the saved template
     model = build_policy(model_args, training_args, dpo_config)
     warn_if_longer_than_model(model, data_args, model_args.model_name_or_path)
+    from paddlenlp_ext.transformers.vocab_check import check_tokenizer_fits_model
+
+    check_tokenizer_fits_model(tokenizer, model.config, model_args.model_name_or_path, model_args.tokenizer_name_or_path)
     ref_model = None
     if not (dpo_config.reference_free or dpo_config.lora or dpo_config.precompute_reference_logps):
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # PaddleNLP: from_config + set_state_dict

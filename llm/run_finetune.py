@@ -117,6 +117,9 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     set_chat_template(tokenizer, data_args.chat_template)  # the template trained on is the one chatted with, saved
     model = build_model(model_args, training_args)
     warn_if_longer_than_model(model, data_args, model_args.model_name_or_path)
+    from paddlenlp_ext.transformers.vocab_check import check_tokenizer_fits_model
+
+    check_tokenizer_fits_model(tokenizer, model.config, model_args.model_name_or_path, model_args.tokenizer_name_or_path)
     from paddlenlp_ext.ops import set_llm_config
 
     set_llm_config(model, training_args)  # use_fused_* keys -> model config (PaddleNLP's LlmMetaConfig)

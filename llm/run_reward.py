@@ -64,6 +64,9 @@ def _run(start, model_args, data_args, training_args) -> dict:
     path = name if is_preset(name) else resolve_model_name_or_path(name)
     model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
     warn_if_longer_than_model(model, data_args, name)
+    from paddlenlp_ext.transformers.vocab_check import check_tokenizer_fits_model
+
+    check_tokenizer_fits_model(tokenizer, model.config, name, model_args.tokenizer_name_or_path)
     from paddlenlp_ext.ops import set_llm_config
 
     # use_fused_* keys -> model config (ours: PaddleNLP's RM does not call LlmMetaConfig.set_llm_config, and

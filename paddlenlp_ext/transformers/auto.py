@@ -141,7 +141,27 @@ class AutoModelForCausalLM:
         return _model_class(config.model_type)(config)
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                    "sentencepiece.bpe.model")
+
+
+def _ernie_tokenizer_dir(path: str) -> bool:
+    """PaddleNLP's ERNIE tokenizer layout: ``sentencepiece.bpe.model``, or a ``tokenizer_config.json`` naming
+    ``Ernie35Tokenizer`` (which then needs that model file)."""
+    from .ernie35.tokenizer import SPM_FILE
+
+    if os.path.isfile(os.path.join(path, SPM_FILE)):
+        return True
+    cfg = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        import json
+
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                return json.load(f).get("tokenizer_class") == "Ernie35Tokenizer"
+        except (ValueError, AttributeError):
+            return False
+    return False
 
 
 class AutoTokenizer:
@@ -151,7 +171,9 @@ class AutoTokenizer:
     def from_pretrained(name_or_path: str, **kwargs):
         """Load ``tokenizer.json`` / ``tokenizer_config.json`` from the resolved directory (never the hub).
 
-        ERNIE-3.5-SE preset names map to the SmolLM2 tokenizer (their stand-in; ERNIE's own is not available).
+        ERNIE-3.5-SE preset names map to the bundled ERNIE tokenizer (a 4,096-piece SentencePiece BPE model trained
+        on the bundled data; ERNIE's own is not available offline). A directory in PaddleNLP's ERNIE tokenizer
+        layout (``sentencepiece.bpe.model``) loads as :class:`~.ernie35.tokenizer.Ernie35Tokenizer`.
 
         Raises:
             ValueError: ``name_or_path`` is neither a directory nor the embedded model, or the directory holds
@@ -160,7 +182,9 @@ class AutoTokenizer:
         import transformers
 
         if _ernie_preset(name_or_path):
-            name_or_path = SMOLLM2_NAMES[0]
+            from .ernie35.tokenizer import load_ernie_tokenizer
+
+            return load_ernie_tokenizer(None, **kwargs)
         try:
             path = resolve_model_name_or_path(name_or_path)
         except CheckpointNotModelError:
@@ -174,4 +198,10 @@ class AutoTokenizer:
             raise ValueError(f"{path}: no tokenizer files ({', '.join(_TOKENIZER_FILES)}); set "
                              "tokenizer_name_or_path to a directory that has them (e.g. the base model's), or copy "
                              "them into this directory")
+        if _ernie_tokenizer_dir(path):
+            from .ernie35.tokenizer import Ernie35Tokenizer
+
+            if os.path.isfile(os.path.join(path, "tokenizer.json")):  # saved by Ernie35Tokenizer.save_pretrained
+                return Ernie35Tokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+            return Ernie35Tokenizer.from_sentencepiece(path, **kwargs)
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)

@@ -336,7 +336,7 @@ def test_preset_random_init_resolves():
     torch.manual_seed(0)
     m = from_preset_or_pretrained("ernie/tiny-random-ernie", num_hidden_layers=3, hidden_size=64,
                                   intermediate_size=64, num_attention_heads=4)
-    assert m.config.vocab_size == 49152 and len(m.model.layers) == 3
+    assert m.config.vocab_size == 32000 and len(m.model.layers) == 3  # PaddleNLP's; the bundled tokenizer fits
     with pytest.raises(FileNotFoundError):
         from_preset_or_pretrained("ernie/not-a-preset")
 
@@ -358,9 +358,9 @@ def test_ernie_sft_configs_parse_and_resolve_the_preset(name):
     model_args, data_args, training_args, _ = _run_finetune_module().parse_args([os.path.join(ERNIE_CONFIGS, name)])
     assert model_args.model_name_or_path == "ernie/tiny-random-ernie" and data_args.zero_padding
     assert model_args.flash_mask and model_args.lora == (name == "lora.json")
-    with torch.device("meta"):  # what the launcher gets for this name: the preset, random init, SmolLM2 vocab
+    with torch.device("meta"):  # what the launcher gets for this name: the preset, random init, its own vocab
         m = from_preset_or_pretrained(model_args.model_name_or_path)
-    assert m.config.hidden_size == 768 and len(m.model.layers) == 3 and m.config.vocab_size == 49152
+    assert m.config.hidden_size == 768 and len(m.model.layers) == 3 and m.config.vocab_size == 32000
 
 
 def test_ernie_dpo_config_parses():
@@ -378,15 +378,14 @@ def test_lora_launcher_on_tiny_ernie_packs(tmp_path):
     import shutil
 
     from paddlenlp_ext.peft import load_lora
-    from paddlenlp_ext.transformers import resolve_model_name_or_path
-    from paddlenlp_ext.transformers.ernie35 import preset_config
+    from paddlenlp_ext.transformers.ernie35 import BUNDLED_TOKENIZER_DIR, preset_config
 
-    tok_dir = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer only
+    tok_dir = BUNDLED_TOKENIZER_DIR  # PaddleNLP's ernie-tokenizer layout
     torch.manual_seed(0)
     cfg = preset_config("ernie/tiny-random-ernie", hidden_size=32, intermediate_size=64, num_attention_heads=4,
                         max_position_embeddings=512)
     Ernie35ForCausalLM(cfg).save_pretrained(str(tmp_path / "model"))
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for f in ("sentencepiece.bpe.model", "tokenizer_config.json", "special_tokens_map.json"):
         if os.path.exists(os.path.join(tok_dir, f)):
             shutil.copy(os.path.join(tok_dir, f), tmp_path / "model")
     (tmp_path / "data").mkdir()

@@ -32,12 +32,8 @@ from .configuration import ERNIE_PRETRAINED_INIT_CONFIGURATION, Ernie35Config
 from .positions import apply_rotary_pos_emb, position_seed, resolve_position_ids, rope_cos_sin, training_seq_len
 
 __all__ = ["Ernie35Attention", "Ernie35MLP", "Ernie35MLPAttention", "Ernie35DecoderLayer", "Ernie35Model",
-           "Ernie35ForCausalLM", "from_preset_or_pretrained", "count_parameters_formula", "SMOLLM2_VOCAB_SIZE",
-           "is_preset", "preset_config"]
-
-# ERNIE reuses the SmolLM2 tokenizer (ERNIE's own sentencepiece model is not available offline), so presets built
-# by from_preset_or_pretrained default to its vocabulary size instead of the preset's 32000.
-SMOLLM2_VOCAB_SIZE = 49152
+           "Ernie35ForCausalLM", "from_preset_or_pretrained", "count_parameters_formula", "is_preset",
+           "preset_config"]
 
 
 def _attention(q, k, v, cos, sin, startend):
@@ -327,8 +323,7 @@ def is_preset(name) -> bool:
 
 
 def preset_config(name: str, **config_overrides) -> Ernie35Config:
-    """The preset's config with ``vocab_size`` defaulting to ``SMOLLM2_VOCAB_SIZE`` (the stand-in tokenizer's)."""
-    config_overrides.setdefault("vocab_size", SMOLLM2_VOCAB_SIZE)
+    """The preset's config (PaddleNLP's, ``vocab_size`` 32000: the bundled 4,096-piece tokenizer's ids fit in it)."""
     return Ernie35Config.from_pretrained(name, **config_overrides)
 
 
@@ -337,8 +332,7 @@ def from_preset_or_pretrained(name: str, dtype: str | torch.dtype | None = None,
     registry) or from a checkpoint directory.
 
     Presets: ``ernie/tiny-random-ernie`` (768 hidden, 3 layers), ``baidu/ernie-3.5-se-3b`` (3072 hidden, 32 layers).
-    ``config_overrides`` replace config fields. For presets ``vocab_size`` defaults to ``SMOLLM2_VOCAB_SIZE``
-    (49152) because the SmolLM2 tokenizer stands in for ERNIE's; pass ``vocab_size=32000`` for the preset's own.
+    ``config_overrides`` replace config fields (presets keep PaddleNLP's ``vocab_size`` 32000 otherwise).
     Random weights come from the torch default RNG (seed it for reproducibility). Presets return in train mode.
 
     Raises:
