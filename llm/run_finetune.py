@@ -110,7 +110,16 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     resume = resume_target(training_args, model_args.model_name_or_path)
 
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator, set_chat_template
+    from paddlenlp_ext.datasets.task_data import prepare_task_data
     from paddlenlp_ext.transformers import AutoTokenizer
+
+    # finetune_generation.py's built-in sets (task_name squad): converted from a local copy, before any loading
+    task_dir = prepare_task_data(data_args.task_name, data_args.data_name, data_args.dataset_path,
+                                 os.path.join(training_args.output_dir, "task_data", str(data_args.task_name)))
+    if task_dir is not None:
+        logger.info("task_name=%s: SFT records from %s written to %s", data_args.task_name, data_args.dataset_path,
+                    task_dir)
+        data_args.dataset_name_or_path = task_dir
 
     require_model_path(model_args)  # before the tokenizer, which would fail on None with a TypeError traceback
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)

@@ -30,7 +30,8 @@ RESERVED_CONTEXT_KEYS = frozenset({
 def check_sft_record(record: dict) -> dict:
     """Validate one SFT record and normalise ``src``/``tgt`` to equal-length lists of strings.
 
-    Returns a new dict (``src``/``tgt`` as lists, other keys kept).
+    Returns a new dict (``src``/``tgt`` as lists, other keys kept). An instruction record
+    (``instruction``/``input``/``output``) is converted first (``task_data.instruction_to_sft``).
 
     Raises:
         ValueError: not an object, ``src`` or ``tgt`` missing, not a string / list of strings, empty lists,
@@ -40,6 +41,9 @@ def check_sft_record(record: dict) -> dict:
     """
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object {{\"src\": ..., \"tgt\": ...}}, got {type(record).__name__}")
+    from .task_data import instruction_to_sft
+
+    record = instruction_to_sft(record)  # {"instruction", "input", "output"} (finetune_generation.py's format)
     missing = [k for k in ("src", "tgt") if k not in record]
     if missing:
         raise ValueError(f"missing key(s) {missing}; an SFT record needs \"src\" (user turns) and \"tgt\" "

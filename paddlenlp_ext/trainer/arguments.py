@@ -441,15 +441,27 @@ class DataArgument:
     """SFT data arguments (PaddleNLP ``DataConfig``)."""
 
     dataset_name_or_path: Optional[str] = field(default=None, metadata=_help(
-        "Dir with train.json/dev.json (jsonl of {src, tgt}) or train/*.json, dev/*.json."))
-    task_name: Optional[str] = field(default=None, metadata=inert("no built-in dataset names", help="."))
+        "Dir with train.json/dev.json (jsonl of {src, tgt} or {instruction, input, output}) or train/*.json, "
+        "dev/*.json."))
+    dataset_path: Optional[str] = field(default=None, metadata=_help(
+        "finetune_generation.py's name for dataset_name_or_path; with task_name squad: the directory holding "
+        "train-v1.1.json / dev-v1.1.json."))
+    task_name: Optional[str] = field(default=None, metadata=_help(
+        "Built-in set: 'squad' (SQuAD v1.1 from a local dataset_path, PaddleNLP's answer/context -> question "
+        "template; nothing is downloaded)."))
+    data_name: Optional[str] = field(default=None, metadata=_help(
+        "finetune_generation.py's dataset name (with task_name): only 'squad' is built in."))
     zero_padding: bool = field(default=False, metadata=_help("Pack several examples into each max_length row."))
     greedy_zero_padding: bool = field(default=False, metadata=_help(
         "Worst-fit packing over a 500-record buffer (train set only); needs zero_padding."))
     pad_to_multiple_of: Optional[int] = field(default=None, metadata=_help(
         "Unpacked batches: pad to a multiple of this instead of max_length."))
     src_length: int = field(default=1024, metadata=_help("Max prompt tokens of the last turn (special tokens count)."))
-    max_length: int = field(default=2048, metadata=_help("Max tokens per example and per pack (the pack capacity)."))
+    max_length: Optional[int] = field(default=None, metadata=_help(
+        "Max tokens per example and per pack (the pack capacity); unset: src_length + tgt_length, else 2048."))
+    tgt_length: Optional[int] = field(default=None, metadata=_help(
+        "finetune_generation.py's answer budget: sets max_length = src_length + tgt_length when max_length is "
+        "unset."))
     eval_with_do_generation: bool = field(default=False, metadata=inert("no generation during eval",
                                                                         help="Generate during evaluation."))
     save_generation_output: bool = field(default=False, metadata=inert("no generation during eval", help="."))
@@ -464,6 +476,17 @@ class DataArgument:
 
     def __post_init__(self):
         e = _Errors()
+        e.check(self.tgt_length is None or self.tgt_length >= 1, f"tgt_length must be >= 1, got {self.tgt_length}")
+        if self.max_length is None:  # finetune_generation.py: source + target budget
+            self.max_length = self.src_length + self.tgt_length if self.tgt_length else 2048
+        elif self.tgt_length and self.max_length != self.src_length + self.tgt_length:
+            logger.warning("max_length=%d is set, so tgt_length=%d does not change it (src_length + tgt_length = "
+                           "%d)", self.max_length, self.tgt_length, self.src_length + self.tgt_length)
+        if self.dataset_path is not None and not self.task_name:
+            e.check(self.dataset_name_or_path in (None, self.dataset_path),
+                    f"dataset_path ({self.dataset_path!r}) and dataset_name_or_path ({self.dataset_name_or_path!r}) "
+                    f"name the same thing; give one of them")
+            self.dataset_name_or_path = self.dataset_path
         e.check(self.max_length >= 2, f"max_length must be >= 2, got {self.max_length}")
         e.check(self.src_length >= 1, f"src_length must be >= 1, got {self.src_length}")
         e.check(self.src_length < self.max_length,
