@@ -19,13 +19,15 @@ Notices and token rates go to stderr only. A reader that closes the pipe early (
 quietly with exit status 141, as shell tools do. On a stdout that is not UTF-8 (``PYTHONIOENCODING=ascii``, a
 cp1252 console) characters it cannot show are written as ``?`` (one notice) instead of stopping the run.
 
-PaddleNLP predictor flags (``llm/predict/predictor.py``), so its commands run: ``--data_file dev.json
-[--output_file output.json]`` answers each SFT record (``{"src", "tgt"}`` jsonl; the last ``src`` turn after the
-earlier turns; every line is checked before the model loads, errors name ``file:line``) and writes
-``{"src", "tgt", "output"}`` per line; ``--lora_path <adapter>`` merges an adapter into ``--model_name_or_path``;
-``--max_length`` is ``--max_new_tokens``; ``--decode_strategy greedy_search|sampling``; ``--device gpu`` is
-``cuda``; ``--batch_size`` is accepted (one prompt at a time). Defaults differ: greedy decoding (PaddleNLP
-samples), float32 (PaddleNLP needs ``--dtype``).
+PaddleNLP predictor flags (``llm/predict/predictor.py``, ERNIE-3.5-SE's ``predict_generation.py``), so their
+commands run: ``--data_file dev.json [--output_file|--predict_file output.json]`` answers each record
+(``{"src"}`` or ``{"src", "tgt"}`` jsonl; the last ``src`` turn after the earlier turns; every line is checked
+before the model loads, errors name ``file:line``) and writes ``{"src", "tgt", "output"}`` per line, generating
+``--batch_size`` records at a time (left padding); ``--lora_path <adapter>`` merges an adapter into
+``--model_name_or_path``; ``--max_length`` / ``--tgt_length`` are ``--max_new_tokens``;
+``--decode_strategy greedy_search|sampling`` (ERNIE-3.5-SE samples with temperature 0.95, top_k 3, top_p 0.8
+unless given); ``--repetition_penalty``; ``--pos_decoding_interval`` (ERNIE-3.5-SE); ``--device gpu`` is
+``cuda``. Defaults differ: greedy decoding (PaddleNLP samples), float32 (PaddleNLP needs ``--dtype``).
 
 Interactive chat: every turn sees the whole conversation so far. ``/reset`` starts a new conversation (the
 ``--system`` message stays), ``/exit``, ``/quit`` or Ctrl-D ends; an empty line is ignored. The prompt is capped
@@ -55,8 +57,10 @@ import torch
 from paddlenlp_ext.peft.lora import ADAPTER_CONFIG_NAME
 from paddlenlp_ext.trainer.checkpoint import TRAINER_STATE, export_command
 from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
+from paddlenlp_ext.transformers.batch_generation import ERNIE_SAMPLING, generate_batch, pos_decoding_interval
 from paddlenlp_ext.transformers.generation import encode_conversation, generate  # noqa: F401 (re-exported)
 from paddlenlp_ext.transformers.model_utils import to_torch_dtype
+from paddlenlp_ext.transformers.predict_data import predict_file, read_data_file  # noqa: F401 (re-exported)
 
 SAMPLING = {"temperature": 0.7, "top_k": 0, "top_p": 0.9}  # defaults of the flags that only apply when sampling
 
@@ -80,26 +84,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--src_length", type=int, default=None,
                    help="prompt cap in tokens (PaddleNLP's name); the oldest turns are dropped past it. Default: "
                         "the model's max_position_embeddings - max_new_tokens, also its largest allowed value")
-    p.add_argument("--max_length", type=int, dest="max_new_tokens", default=argparse.SUPPRESS,
-                   help="PaddleNLP predictor's name for --max_new_tokens (the reply's token budget)")
+    p.add_argument("--max_length", "--tgt_length", type=int, dest="max_new_tokens", default=argparse.SUPPRESS,
+                   help="PaddleNLP predictors' names for --max_new_tokens (the reply's token budget)")
     p.add_argument("--lora_path", default=None,
                    help="PaddleNLP predictor's flag: a LoRA adapter directory merged into --model_name_or_path (the "
                         "base); without it, --model_name_or_path may itself be the adapter directory")
     p.add_argument("--data_file", default=None,
-                   help="PaddleNLP predictor's flag: SFT jsonl ({\"src\", \"tgt\"} per line); each record's last "
-                        "src turn is answered after its earlier turns, one JSON line per record goes to --output_file")
-    p.add_argument("--output_file", default="output.json",
-                   help="with --data_file: jsonl of {\"src\", \"tgt\", \"output\"} (PaddleNLP's layout and default "
-                        "name)")
+                   help="PaddleNLP predictor's flag: jsonl of {\"src\"} or SFT {\"src\", \"tgt\"}; each record's "
+                        "last src turn is answered after its earlier turns, one JSON line per record goes to "
+                        "--output_file")
+    p.add_argument("--output_file", "--predict_file", default="output.json",
+                   help="with --data_file: jsonl of {\"src\", \"tgt\" (when given), \"output\"} (--predict_file: "
+                        "ERNIE-3.5-SE predictor's name)")
     p.add_argument("--batch_size", type=int, default=1,
-                   help="PaddleNLP predictor's flag, accepted: prompts are answered one at a time")
+                   help="--data_file records generated together (left-padded batch; greedy gives the same replies "
+                        "as one at a time)")
+    p.add_argument("--repetition_penalty", type=float, default=1.0,
+                   help="> 1 lowers the logits of tokens already in the prompt or reply (PaddleNLP's; 1 = off)")
+    p.add_argument("--pos_decoding_interval", type=int, default=None,
+                   help="ERNIE-3.5-SE with random position ids: spacing of inference positions; default the "
+                        "pos_decoding_interval environment variable, else 8, or max_position_embeddings // "
+                        "(src_length + tgt_length) past 4096 (PaddleNLP's predictor)")
     p.add_argument("--decode_strategy", default=None, choices=["greedy_search", "sampling"],
                    help="PaddleNLP predictor's flag: sampling = --do_sample; default greedy (PaddleNLP: sampling)")
     p.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=None,
-                   help=f"with --do_sample (default {SAMPLING['temperature']})")
-    p.add_argument("--top_k", type=int, default=None, help=f"with --do_sample (default {SAMPLING['top_k']}: off)")
-    p.add_argument("--top_p", type=float, default=None, help=f"with --do_sample (default {SAMPLING['top_p']})")
+                   help=f"with --do_sample (default {SAMPLING['temperature']}; ERNIE-3.5-SE: "
+                        f"{ERNIE_SAMPLING['temperature']})")
+    p.add_argument("--top_k", type=int, default=None,
+                   help=f"with --do_sample (default {SAMPLING['top_k']}: off; ERNIE-3.5-SE: {ERNIE_SAMPLING['top_k']})")
+    p.add_argument("--top_p", type=float, default=None,
+                   help=f"with --do_sample (default {SAMPLING['top_p']}; ERNIE-3.5-SE: {ERNIE_SAMPLING['top_p']})")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (half precision is for GPUs: on the CPU it runs, slowly)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -322,69 +337,6 @@ def answer_lines(lines: Iterable[bytes], conv: "Conversation", respond: Callable
     return answered
 
 
-def read_data_file(data_file: str, output_file: str) -> list:
-    """The records of PaddleNLP predictor's ``--data_file`` (SFT jsonl), checked before the model is loaded:
-    ``[(where, raw record, record with src/tgt as lists)]``, ``where`` = ``file:line``.
-
-    Raises:
-        ValueError / FileNotFoundError: a bad line (naming ``file:line``, from
-            :func:`paddlenlp_ext.datasets.jsonl.check_sft_record`), no records, or ``output_file`` is ``data_file``.
-    """
-    from paddlenlp_ext.datasets.jsonl import check_sft_record, jsonl_objects
-
-    if os.path.abspath(output_file) == os.path.abspath(data_file):
-        raise ValueError(f"--output_file {output_file} is the --data_file; give another file")
-    records = []
-    for where, raw in jsonl_objects(data_file, 'SFT {"src", "tgt"}'):
-        try:
-            records.append((where, raw, check_sft_record(raw)))
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-    if not records:
-        raise ValueError(f"--data_file {data_file}: no records; expected one {{\"src\", \"tgt\"}} JSON object per line")
-    return records
-
-
-def predict_file(records: list, output_file: str, conv: "Conversation", respond: Callable[[list[int]], str],
-                 notify: Callable[[str], None]) -> int:
-    """PaddleNLP predictor's ``--data_file`` mode: answer each record of :func:`read_data_file` and write one JSON
-    line ``{"src", "tgt", "output"}`` per record to ``output_file`` (``src``/``tgt`` as in the input); returns the
-    number of records.
-
-    The model sees the record's turns before the last (``src[i]``, ``tgt[i]``) as history and answers the last
-    ``src`` turn; the last ``tgt`` is the reference and is not shown. (PaddleNLP: without a chat template only
-    ``src[0]`` is sent; with one, every turn including the last ``tgt``.) Oldest turns are dropped past the prompt
-    cap; a record whose last turn alone is too long gets ``"output": ""`` and a notice naming its line.
-    """
-    import json
-
-    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
-    with open(output_file, "w", encoding="utf-8") as f:
-        for where, raw, rec in records:
-            conv.reset()
-            text = [to_text(t, where, notify) for t in rec["src"] + rec["tgt"]]  # JSON may hold lone surrogates
-            src, tgt = text[:len(rec["src"])], text[len(rec["src"]):]
-            for u, a in zip(src[:-1], tgt[:-1]):
-                conv.messages += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
-            try:
-                ids, dropped = conv.prompt_for(src[-1])
-                if dropped:
-                    notify(f"[predict] {where}: dropped the oldest {dropped} turn(s) to fit the prompt cap")
-                output = respond(ids)
-            except ValueError as e:
-                notify(f"[predict] {where}: not answered (\"output\": \"\"): {e}")
-                output = ""
-            line = json.dumps({"src": raw["src"], "tgt": raw["tgt"], "output": output}, ensure_ascii=False)
-            try:
-                line.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate (a "\ud800" escape in the input): keep it escaped
-                line = json.dumps({"src": raw["src"], "tgt": raw["tgt"], "output": output})
-            f.write(line + "\n")
-            f.flush()
-    notify(f"[predict] wrote {len(records)} prediction(s) to {output_file}")
-    return len(records)
-
-
 def prompt_cap(model, max_new_tokens: int, src_length: int | None) -> int:
     """``src_length`` or ``max_position_embeddings - max_new_tokens``: the prompt cap in tokens.
 
@@ -452,9 +404,10 @@ def main(argv=None) -> int:
     if given and not args.do_sample:  # greedy decoding ignores them: say so rather than drop them silently
         print(f"[predict] {', '.join(given)} only apply when sampling (--do_sample or --decode_strategy sampling); "
               "decoding is greedy", file=sys.stderr)
-    for k, default in SAMPLING.items():
-        if getattr(args, k) is None:
-            setattr(args, k, default)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.repetition_penalty <= 0:
+        raise ValueError(f"--repetition_penalty must be > 0 (1 = off), got {args.repetition_penalty}")
     if args.data_file and args.prompt is not None:
         raise ValueError("--data_file and --prompt are two inputs; give one")
     records = read_data_file(args.data_file, args.output_file) if args.data_file else None  # before the model
@@ -463,16 +416,40 @@ def main(argv=None) -> int:
     model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype, args.tokenizer_name_or_path,
                                                 args.lora_path)
     model = model.to(args.device)
+    from paddlenlp_ext.transformers.vocab_check import check_tokenizer_fits_model
+
+    check_tokenizer_fits_model(tokenizer, model.config, args.model_name_or_path, args.tokenizer_name_or_path)
     cap = prompt_cap(model, args.max_new_tokens, args.src_length)
+    ernie = getattr(model.config, "model_type", None) == "ernie"
+    for k, default in (ERNIE_SAMPLING if ernie else SAMPLING).items():  # PaddleNLP's ERNIE predictor's defaults
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+    if ernie and model.config.enable_random_position_ids:
+        # PaddleNLP: one spacing for the prompt and every generated token, fixed from src_length + tgt_length
+        interval = pos_decoding_interval(model.config.max_position_embeddings, cap, args.max_new_tokens,
+                                         args.pos_decoding_interval)
+        model.model.pos_decoding_interval = interval
+        print(f"[predict] ERNIE-3.5-SE positions: pos_decoding_interval {interval}", file=sys.stderr)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     gen = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+               eos_token_id=tokenizer.eos_token_id, pad_token_id=pad, repetition_penalty=args.repetition_penalty)
     if args.do_sample:
         gen["generator"] = torch.Generator(device=args.device).manual_seed(args.seed)
 
+    def respond_batch(prompts: list) -> list:
+        t0 = time.perf_counter()
+        outs = generate_batch(model, prompts, args.max_new_tokens, **gen)
+        n = sum(len(o) for o in outs)
+        print(f"[{n} tokens, {n / (time.perf_counter() - t0):.1f} tokens/s]", file=sys.stderr)
+        return [tokenizer.decode(o, skip_special_tokens=True).strip() for o in outs]
+
     def respond(ids: list[int]) -> str:
+        if args.repetition_penalty != 1.0:
+            return respond_batch([ids])[0]
         t0 = time.perf_counter()
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)  # [1, L]
-        out = generate(model, prompt, args.max_new_tokens, **gen)
+        out = generate(model, prompt, args.max_new_tokens,
+                       **{k: v for k, v in gen.items() if k != "repetition_penalty"})
         new = out[0, prompt.shape[1]:]
         print(f"[{new.numel()} tokens, {new.numel() / (time.perf_counter() - t0):.1f} tokens/s]", file=sys.stderr)
         return tokenizer.decode(new, skip_special_tokens=True).strip()
@@ -491,7 +468,7 @@ def main(argv=None) -> int:
     system = to_text(args.system, "--system", notify) if args.system is not None else None
     conv = Conversation(lambda m: encode_conversation(tokenizer, m), cap, system)
     if args.data_file:
-        predict_file(records, args.output_file, conv, respond, notify)
+        predict_file(records, args.output_file, conv, respond_batch, notify, args.batch_size, to_text)
         return 0
     if args.prompt is not None:
         text = to_text(args.prompt, "--prompt", notify)

@@ -14,7 +14,7 @@ from paddlenlp_ext.trainer.arguments import DataArgument
 from tests._scripts import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = os.path.join(ROOT, "config", "ernie35se")
+CONFIGS = os.path.join(ROOT, "config", "ernie35se", "finetune_generation")
 
 SQUAD = {"version": "1.1", "data": [
     {"title": "Super_Bowl_50", "paragraphs": [
@@ -86,12 +86,12 @@ def test_tgt_length_sets_max_length_and_dataset_path_aliases():
         DataArgument(dataset_path="a", dataset_name_or_path="b")
 
 
-@pytest.mark.parametrize("name", ["finetune_generation_sft.json", "finetune_generation_lora.json"])
+@pytest.mark.parametrize("name", ["sft.json", "lora.json"])
 def test_article_commands_parse(name):
     model_args, data_args, training_args, _ = load_script("llm/run_finetune.py").parse_args(
         [os.path.join(CONFIGS, name)])
     assert (data_args.task_name, data_args.src_length, data_args.max_length) == ("squad", 1024, 2048)
-    assert model_args.lora == (name == "finetune_generation_lora.json") and training_args.num_train_epochs == 2
+    assert model_args.lora == (name == "lora.json") and training_args.num_train_epochs == 2
     assert training_args.load_best_model_at_end and training_args.recompute
 
 
@@ -110,7 +110,7 @@ def tiny_ernie(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("name", ["finetune_generation_sft.json", "finetune_generation_lora.json"])
+@pytest.mark.parametrize("name", ["sft.json", "lora.json"])
 def test_article_commands_train_on_tiny_ernie(tmp_path, tiny_ernie, name):
     out = tmp_path / "out"
     summary = load_script("llm/run_finetune.py").main([

@@ -36,10 +36,16 @@ __all__ = ["Ernie35Attention", "Ernie35MLP", "Ernie35MLPAttention", "Ernie35Deco
            "preset_config"]
 
 
-def _attention(q, k, v, cos, sin, startend):
-    """RoPE then FlashMask causal attention. q, k, v ``[B, L, H, D]`` -> ``[B, L, H*D]``."""
+def _attention(q, k, v, cos, sin, startend, kv_cache=None, layer_idx=0):
+    """RoPE then FlashMask causal attention. q, k, v ``[B, L, H, D]`` -> ``[B, L, H*D]``. With ``kv_cache`` the
+    keys/values are appended to the cache first; a decoding step (one query after the prefill) sees every cached
+    key, so it runs non-causally (``startend`` then masks key columns: C = 2, LTS/UTE)."""
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    out = flashmask.flashmask_attention(q, k, v, startend, causal=True)  # [B, L, H, D]
+    causal = True
+    if kv_cache is not None:
+        causal = kv_cache.seen == 0
+        k, v = kv_cache.update(layer_idx, k, v)
+    out = flashmask.flashmask_attention(q, k, v, startend, causal=causal)  # [B, L, H, D]
     return out.flatten(2)
 
 
@@ -58,12 +64,12 @@ class Ernie35Attention(nn.Module):
         self.v_proj = nn.Linear(h, h, bias=b)
         self.o_proj = nn.Linear(h, h, bias=b)
 
-    def forward(self, x, cos, sin, startend=None):
+    def forward(self, x, cos, sin, startend=None, kv_cache=None, layer_idx=0):
         bsz, seq, _ = x.shape
         # -1 heads: the projections may hold only some of the heads (their weights split from outside)
         shape = (bsz, seq, -1, self.head_dim)
         q, k, v = self.q_proj(x).view(shape), self.k_proj(x).view(shape), self.v_proj(x).view(shape)
-        return self.o_proj(_attention(q, k, v, cos, sin, startend))
+        return self.o_proj(_attention(q, k, v, cos, sin, startend, kv_cache, layer_idx))
 
 
 class Ernie35MLP(nn.Module):
@@ -99,7 +105,7 @@ class Ernie35MLPAttention(nn.Module):
         self.qkv_gate_up_proj = nn.Linear(h, 3 * h + 2 * i, bias=b)
         self.o_proj = nn.Linear(i + h, h, bias=b)
 
-    def forward(self, x, cos, sin, startend=None):
+    def forward(self, x, cos, sin, startend=None, kv_cache=None, layer_idx=0):
         bsz, seq, hidden = x.shape
         fused = self.qkv_gate_up_proj(x)  # [B, L, 3h + 2i]
         # Widths read from the output: the projection may hold a 1/k share of every block (heads and FFN columns
@@ -111,7 +117,7 @@ class Ernie35MLPAttention(nn.Module):
                              f"[3 x {hidden} | {self.intermediate_size} | {self.intermediate_size}]")
         mix, g, u = fused.split([3 * h, i, i], -1)
         q, k, v = mix.reshape(bsz, seq, -1, 3 * self.head_dim).chunk(3, dim=-1)  # each [B, L, h / D, D]
-        attn = _attention(q, k, v, cos, sin, startend)  # [B, L, h]
+        attn = _attention(q, k, v, cos, sin, startend, kv_cache, layer_idx)  # [B, L, h]
         ffn = F.silu(g) * u  # [B, L, i]
         return self.o_proj(torch.cat([ffn, attn], dim=-1))
 
@@ -140,11 +146,13 @@ class Ernie35DecoderLayer(nn.Module):
                 self.mlp = Ernie35MLP(config)
                 self.post_attention_layernorm = norm()
 
-    def forward(self, hidden_states, cos, sin, startend=None):
+    def forward(self, hidden_states, cos, sin, startend=None, kv_cache=None, layer_idx=0):
         if self.self_attn_mlp is not None:
-            return hidden_states + self.self_attn_mlp(self.input_layernorm(hidden_states), cos, sin, startend)
+            return hidden_states + self.self_attn_mlp(self.input_layernorm(hidden_states), cos, sin, startend,
+                                                      kv_cache, layer_idx)
         if self.self_attn is not None:
-            hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, startend)
+            hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, startend,
+                                                           kv_cache, layer_idx)
         if self.mlp is not None:
             hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states
@@ -176,25 +184,42 @@ class Ernie35Model(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.global_step: int | None = None
         self.replica_rank: int = 0
+        # inference with random position ids: a fixed spacing of positions (PaddleNLP predictor's
+        # pos_decoding_interval), or None for the evaluation table (8, or max_pos // length past 4096 tokens)
+        self.pos_decoding_interval: int | None = None
+        # the attention layers' indices in a KV cache (the FFN-only tail layer has none)
+        self.cache_index = {}
+        for i, layer in enumerate(layers):
+            if layer.self_attn is not None or layer.self_attn_mlp is not None:
+                self.cache_index[i] = len(self.cache_index)
 
-    def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None):
-        """Args: input_ids int64 ``[B, L]``; position_ids int64 ``[B, L]`` or None; attn_mask_startend_row_indices
-        int32 ``[B, 1, L, C]`` (FlashMask) or None (plain causal). Returns ``[B, L, H]`` in the parameter dtype."""
+    def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None, kv_cache=None):
+        """Args: input_ids int64 ``[B, L]``; position_ids int64 ``[B, L]`` (logical, restarting at 0 per example)
+        or None (``0..L-1``, continuing after ``kv_cache.seen``); attn_mask_startend_row_indices int32
+        ``[B, 1, L, C]`` (FlashMask; with a cache, over the cached + new key columns) or None (plain causal);
+        kv_cache: :class:`~paddlenlp_ext.transformers.cache.KVCache` from ``Ernie35ForCausalLM.make_kv_cache``
+        (inference). Returns ``[B, L, H]`` in the parameter dtype."""
         bsz, seq = input_ids.shape
         cfg = self.config
+        if position_ids is None and kv_cache is not None and kv_cache.seen:
+            position_ids = torch.arange(kv_cache.seen, kv_cache.seen + seq, device=input_ids.device).expand(bsz, seq)
         pos = resolve_position_ids(position_ids, bsz, seq, max_pos=cfg.max_position_embeddings,
                                    random_ids=cfg.enable_random_position_ids, training=self.training,
-                                   seed=position_seed(self.global_step, self.replica_rank), device=input_ids.device)
+                                   seed=position_seed(self.global_step, self.replica_rank), device=input_ids.device,
+                                   interval=None if self.training else self.pos_decoding_interval)
         cos, sin = rope_cos_sin(pos, cfg.head_dim)  # computed once, shared by all layers (as in PaddleNLP)
         h = self.embed_tokens(input_ids)
         # recompute: our launcher's key; use_recompute: PaddleNLP's config key (full-layer recompute either way)
-        checkpoint = bool(getattr(cfg, "recompute", False) or cfg.use_recompute) and torch.is_grad_enabled()
-        for layer in self.layers:
+        checkpoint = (bool(getattr(cfg, "recompute", False) or cfg.use_recompute) and torch.is_grad_enabled()
+                      and kv_cache is None)
+        for i, layer in enumerate(self.layers):
             if checkpoint:
                 h = torch.utils.checkpoint.checkpoint(layer, h, cos, sin, attn_mask_startend_row_indices,
                                                       use_reentrant=False)
             else:
-                h = layer(h, cos, sin, attn_mask_startend_row_indices)
+                h = layer(h, cos, sin, attn_mask_startend_row_indices, kv_cache, self.cache_index.get(i, 0))
+        if kv_cache is not None:
+            kv_cache.advance(seq)
         return self.norm(h)
 
 
@@ -213,6 +238,7 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
     """
 
     config_class = Ernie35Config
+    kv_cache_key_mask = True  # with a KV cache, forward takes FlashMask vectors over the cached key columns
 
     def __init__(self, config: Ernie35Config):
         super().__init__()
@@ -255,8 +281,18 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
         only): the trainer counts the loss denominator with it before the forward."""
         return training_seq_len(self.config, self.training, self.model.global_step, seq_len)
 
-    def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None):
-        """Logits ``[B, L, V]`` (``L`` possibly cut by the progressive warm-up, see class docstring)."""
+    def make_kv_cache(self, batch_size: int, max_len: int):
+        """An empty :class:`~paddlenlp_ext.transformers.cache.KVCache` for this model's attention layers (all but
+        an FFN-only tail layer), in its dtype and device."""
+        from ..cache import KVCache
+
+        p = self.lm_head.weight
+        return KVCache(len(self.model.cache_index), batch_size, max_len, self.config.num_attention_heads,
+                       self.config.head_dim, p.dtype, p.device)
+
+    def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None, kv_cache=None):
+        """Logits ``[B, L, V]`` (``L`` possibly cut by the progressive warm-up, see class docstring); ``kv_cache``
+        as in :meth:`Ernie35Model.forward` (inference)."""
         if self.config.use_progressive_seq_len and self.training:
             cut = self.training_seq_len(input_ids.shape[1])
             if cut < input_ids.shape[1]:
@@ -264,7 +300,7 @@ class Ernie35ForCausalLM(PretrainedMixin, nn.Module):
                 position_ids = None if position_ids is None else position_ids[:, :cut]
                 if attn_mask_startend_row_indices is not None:
                     attn_mask_startend_row_indices = attn_mask_startend_row_indices[:, :, :cut].clamp(max=cut)
-        return self.lm_head(self.model(input_ids, position_ids, attn_mask_startend_row_indices))
+        return self.lm_head(self.model(input_ids, position_ids, attn_mask_startend_row_indices, kv_cache))
 
     # ---- checkpoints (save_pretrained comes from PretrainedMixin: config.json + sharded safetensors) ---------
 

@@ -61,8 +61,8 @@ def position_seed(global_step: int | None, replica_rank: int) -> int:
     return int(global_step) + int(replica_rank) * 100000
 
 
-def _interval_table(n: int, max_pos: int) -> np.ndarray:
-    times = 8 if n <= 4096 else max(max_pos // n, 1)
+def _interval_table(n: int, max_pos: int, interval: int | None = None) -> np.ndarray:
+    times = interval or (8 if n <= 4096 else max(max_pos // n, 1))
     return times * (np.arange(n, dtype=np.int64) + 1) - 1
 
 
@@ -79,7 +79,8 @@ def _random_table(rng, n: int, max_pos: int) -> np.ndarray:
 
 
 def resolve_position_ids(position_ids: torch.Tensor | None, batch: int, seq_len: int, *, max_pos: int,
-                         random_ids: bool, training: bool, seed: int, device) -> torch.Tensor:
+                         random_ids: bool, training: bool, seed: int, device,
+                         interval: int | None = None) -> torch.Tensor:
     """Physical position ids int64 ``[batch, seq_len]`` fed to RoPE.
 
     Args:
@@ -88,6 +89,8 @@ def resolve_position_ids(position_ids: torch.Tensor | None, batch: int, seq_len:
         random_ids: ``enable_random_position_ids``; when False, ``position_ids`` (or ``arange``) is returned.
         training: random sorted draws (True) or the inference interval (False).
         seed: numpy ``RandomState`` seed (see :func:`position_seed`).
+        interval: inference only: a fixed spacing ``I`` (logical position ``p`` -> ``I * (p + 1) - 1``, PaddleNLP
+            predictor's ``pos_decoding_interval``) instead of the evaluation table's 8 (``max_pos // n`` past 4096).
 
     Raises:
         ValueError: a training segment longer than ``max_pos``, or ``position_ids`` of the wrong shape.
@@ -96,7 +99,7 @@ def resolve_position_ids(position_ids: torch.Tensor | None, batch: int, seq_len:
         if not random_ids:
             return torch.arange(seq_len, device=device).expand(batch, seq_len)
         table = (_random_table(np.random.RandomState(seed), seq_len, max_pos) if training
-                 else _interval_table(seq_len, max_pos))
+                 else _interval_table(seq_len, max_pos, interval))
         return torch.from_numpy(table).to(device).expand(batch, seq_len)
     if tuple(position_ids.shape) != (batch, seq_len):
         raise ValueError(f"position_ids must be [batch={batch}, seq_len={seq_len}], got {list(position_ids.shape)}")
@@ -113,7 +116,7 @@ def resolve_position_ids(position_ids: torch.Tensor | None, batch: int, seq_len:
         for s, e in zip(bounds[:-1], bounds[1:]):
             seg = row[s:e]
             n = int(seg.max()) + 1
-            table = _random_table(rng, n, max_pos) if training else _interval_table(n, max_pos)
+            table = _random_table(rng, n, max_pos) if training else _interval_table(n, max_pos, interval)
             out[b, s:e] = table[seg]
     return torch.from_numpy(out).to(position_ids.device)
 
