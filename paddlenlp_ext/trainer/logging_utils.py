@@ -104,7 +104,11 @@ class MetricsLogger:
         self.writers = []
         if is_main:
             log_dir = getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
-            for kind in writer_kinds(getattr(args, "report_to", None)):
+            kinds = writer_kinds(getattr(args, "report_to", None))
+            if "visualdl" in _report_targets(getattr(args, "report_to", None)) and "visualdl" not in kinds:
+                logger.warning("report_to visualdl: the visualdl package is not installed (pip install "
+                               "'paddlenlp-ext[visualdl]'); writing TensorBoard events to %s instead", log_dir)
+            for kind in kinds:
                 self.writers.append(_open_writer(kind, log_dir))
                 logger.info("%s -> %s", "VisualDL records" if kind == "visualdl" else "TensorBoard events", log_dir)
         disable = bool(getattr(args, "disable_tqdm", False)) or not is_main
