@@ -146,7 +146,7 @@ def flashmask_attention(
         deterministic: guarantee a bitwise-reproducible backward (as does
             ``torch.use_deterministic_algorithms(True)``). Without it the Triton path is reproducible too (dQ
             from its own kernel, no atomics) except on sm_90 GPUs at head dim 128, where the faster Gluon
-            backward sums dQ with fp32 TMA reduce-adds, and with FLASHMASK_ATOMIC_DQ=1 / tma.
+            backward sums dQ with fp32 TMA reduce-adds (``FLASHMASK_BWD=triton`` turns it off).
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
             choice never falls back.
 
@@ -176,7 +176,7 @@ def flashmask_attention(
     if impl == "auto":
         impl = "triton" if query.is_cuda else "reference"
     if impl == "triton":
-        from .triton_flashmask import flashmask_attention_triton
+        from .autograd import flashmask_attention_triton
 
         out, lse = flashmask_attention_triton(query, key, value, startend_row_indices, causal, scale, deterministic)
     else:

@@ -1,9 +1,10 @@
-"""FlashMask backward in Gluon for Hopper: five products per tile, warp-specialised (session 10).
+"""FlashMask backward in Gluon for Hopper: five products per tile, warp-specialised.
 
 The Triton backward (``triton_bwd``) issues seven GEMM-sized products per (query block, key block) pair: S, dP,
 dV, dK in the dK/dV kernel and S, dP, dQ again in the dQ kernel. FlashAttention-3 / FlashMask V3 issue five, with
-dQ reduced outside the products' critical path. Triton cannot express that schedule (``docs/kernel_notes.md``,
-v7); Triton's Gluon dialect can. One program per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
+dQ reduced outside the products' critical path. Triton cannot express that schedule (every way to issue five
+products in one Triton kernel measured slower: docs/kernel_notes.md); Triton's Gluon dialect can. One program
+per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
 
 - **consumer warpgroups** ``w = 0`` (the default partition) and ``w = 1`` (a worker), 4 warps and 240 registers
   each, each owning 64 keys' dK and dV: for every listed query block (``IDX``, the dK/dV visit list of
@@ -18,15 +19,14 @@ v7); Triton's Gluon dialect can. One program per (key block of ``BLOCK_N`` = 128
 - **loader** (4 warps, 24 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
   consumers release.
 
-History (``docs/kernel_notes.md``): v8 (session 10) summed the two consumers' partial dQ tiles [64 queries, 128
-columns] in the loader warpgroup and added them with per-thread fp32 atomics; v9 (session 11) had each consumer
-add its own partial tile by TMA reduce-add (1.04-1.07x); v10 (session 12, this file) splits dQ by columns, which
-halves the reduce-add traffic and needs no sum, and issues dV and dK asynchronously: 1.12-1.13x v9 on an H200.
+Why dQ is split by head-dim halves: each consumer adds one [64, 64] tile and nothing sums the two consumers'
+partial tiles, so the reduce-add traffic is half that of per-consumer [64, 128] tiles (1.12-1.13x faster on an
+H200); dV and dK run under the dS arithmetic and the dS exchange.
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
-FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 in
-``docs/kernel_notes.md`` (v8-v10) and ``docs/benchmarks.md`` (sessions 10-12). dQ is summed by reduce-adds in the
-order the tiles finish, so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
+FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200:
+1.28-1.33x the Triton backward (docs/kernel_notes.md). dQ is summed by reduce-adds in the order the tiles finish,
+so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """``tensor_desc[coord] += src`` (a shared-memory tile) by TMA (``cp.reduce.async.bulk.tensor ... .add``),
     asynchronous like ``tma.async_copy_shared_to_global``: ``tma.store_wait`` before ``src`` is written again.
     Gluon 3.6 has the op in its builder but not in ``gluon.language.nvidia.hopper.tma``; a Triton without it fails
-    to compile, and ``triton_flashmask._gluon_bwd`` then falls back to the Triton backward."""
+    to compile, and ``dispatch.backward`` then falls back to the Triton backward."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
@@ -312,7 +312,7 @@ def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2
 
     Args:
         do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU,
-            ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``triton_flashmask.gluon_bwd_eligible`` checks all of it).
+            ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_bwd_eligible`` checks all of it).
         lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_bwd._flashmask_bwd_preprocess_kernel``.
         lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=True)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as the forward. log2e: log2(e).

@@ -1,4 +1,4 @@
-"""FlashMask forward in Gluon for Hopper: two consumer warpgroups and a TMA loader (sessions 12-13).
+"""FlashMask forward in Gluon for Hopper: two consumer warpgroups and a TMA loader.
 
 The Triton forward (``triton_fwd``) runs a 128-row query block on 8 warps that move in lockstep: both
 warpgroups issue S = Q K^T, wait, do the softmax arithmetic, issue O += P V, wait, so the tensor cores idle while
@@ -19,9 +19,9 @@ the exponentials run. This kernel keeps them busy the way FlashAttention-3 does:
 
 Source: FlashAttention-3's forward (Shah et al., 2024: producer / consumer warp specialisation, intra-warpgroup
 overlap of softmax and products) and FlashMask V3's block lists (flashmask.md §2.3-2.4); math, names and outputs
-as ``triton_fwd``. Measured on an H200 in ``docs/kernel_notes.md`` (v11 forward row): 1.01-1.19x the Triton
-forward, the default on Hopper at D = 128 (``FLASHMASK_FWD``, ``triton_flashmask.gluon_fwd_eligible``). Measured
-and removed: a ping-pong schedule between the consumers, and the products without the overlap (0.96-1.14x).
+as ``triton_fwd``. Measured on an H200 (docs/kernel_notes.md): 1.01-1.19x the Triton forward, the default on
+Hopper at D = 128 (``FLASHMASK_FWD``, ``dispatch.gluon_fwd_eligible``); a ping-pong schedule between the consumers
+and the products without the overlap measured 0.96-1.14x.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .gluon_bwd import tensor_desc, visit_list_row
 
 BLOCK_M = gl.constexpr(128)  # query rows per program (64 per consumer warpgroup)
 BLOCK_N = gl.constexpr(128)  # keys per visited block
+STAGES = 3  # K / V ring depth: the overlap holds two slots per consumer; 2 stages left no load in flight (slower)
 
 
 @gluon.jit
@@ -199,17 +200,15 @@ def flashmask_fwd_gluon_kernel(
     ], [4, 4], [240, 24])
 
 
-def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float, stages: int = 3):
+def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float):
     """Host side: descriptors and the launch; returns ``(o, lse)`` like ``triton_fwd`` (o like q, lse fp32
     ``[B, H_q, S_q]`` in natural-log units, -inf on rows with no visible key).
 
     Args:
         q, k, v: contiguous, 16-byte aligned ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU, ``S_q % 128 == 0``,
-            ``S_k % 128 == 0`` (``triton_flashmask.gluon_fwd_eligible`` checks all of it).
+            ``S_k % 128 == 0`` (``dispatch.gluon_fwd_eligible`` checks all of it).
         lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as ``flashmask_attention``. log2e: log2(e).
-        stages: depth of the K / V ring (3: 224 KB of shared memory, the default; 2: 160 KB, which leaves
-            the overlapped loop no load in flight: 0.96-1.11x the Triton forward against 1.01-1.19x).
 
     Raises:
         ValueError: a shape, dtype or layout outside the kernel's scope (named in the message).
@@ -233,6 +232,6 @@ def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float, stages:
         tensor_desc(q, b * s_q, h_q * d, [bm // 2, d]), tensor_desc(k, b * s_k, h_k * d, [bn, d]),
         tensor_desc(v, b * s_k, h_k * d, [bn, d]), tensor_desc(o, b * s_q, h_q * d, [bm // 2, d]), lse, mv.lts,
         mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q, s_k, h_q, mv.h_mask, idx.shape[1], idx.shape[2],
-        scale * log2e, G=h_q // h_k, D=d, NS=stages, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte,
+        scale * log2e, G=h_q // h_k, D=d, NS=STAGES, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte,
         HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
     return o, lse

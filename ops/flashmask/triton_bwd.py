@@ -4,16 +4,14 @@
   GQA group of query heads itself (dK/dV owned by one program: no atomics, deterministic) and, per head, the
   query blocks listed for its key block (partial ones with the element mask, then unmasked ones; fully masked
   ones are not listed). Source: FlashMask v1 ``compute_dq_dk_dv_1colblock_flashmask``
-  (``csrc/flash_attn/src/flash_bwd_kernel.h``) and V3's m-segments (flashmask.md §2.5-2.6). With ``ATOMIC_DQ``
-  it also adds the unscaled dQ tile into an fp32 ``[B, H_q, S_q, D]`` buffer with atomics (FlashMask v1's
-  default; here opt-in, since the separate dQ kernel below was as fast or faster on the H200).
-- ``_flashmask_bwd_dq_kernel``: row-parallel dQ (recomputes P and dP), no atomics: bitwise reproducible; the default.
+  (``csrc/flash_attn/src/flash_bwd_kernel.h``) and V3's m-segments (flashmask.md §2.5-2.6).
+- ``_flashmask_bwd_dq_kernel``: row-parallel dQ (recomputes S, P and dP), no atomics: bitwise reproducible. On
+  the H200 it is as fast as or faster than adding dQ from the dK/dV kernel with atomics (docs/kernel_notes.md).
 - ``_flashmask_bwd_preprocess_kernel``: Delta and the log2 LSE in one pass over O and dO.
 
-``EVEN`` / ``TMA`` as in ``triton_fwd`` (TMA is opt-in here: ``FLASHMASK_TMA=1``, measured neutral to slower);
-``TMA_DQ`` adds the dQ tiles with TMA bulk reduce-adds (``FLASHMASK_ATOMIC_DQ=tma``). ``DP_FIRST`` issues
-dP = dO V^T before the softmax math instead of after it (same values; the faster order depends on the head dim,
-``triton_flashmask.dp_first``).
+``EVEN`` as in ``triton_fwd``; loads are plain pointer loads (TMA descriptors measured neutral to slower here).
+``DP_FIRST`` issues dP = dO V^T right after S = Q K^T instead of after the softmax math (same values; the faster
+order depends on the head dim, ``launch_config.dp_first``).
 
 Math (natural-log LSE from the forward; log2 units inside): P = exp2(S*scale*log2e - LSE*log2e),
 dV = P^T dO, dP = dO V^T, dS = P * (dP - Delta), Delta = rowsum(dO * O) - dLSE, dQ = scale dS K,
@@ -25,25 +23,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_prep import _elem_masked, _load, _load_mask_cols, _lpt_row, _masked_from_cols, _store, _visit_list
+from .triton_prep import _elem_masked, _load, _load_mask_cols, _masked_from_cols, _store, _visit_list
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
-               S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col,
+def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, m, offs_n, offs_d, dmask, sqs, sdos,
+               S_q, S_k, lts, lte, uts, ute, qk_scale,
                BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
-               TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr):
+               DOT_PREC: tl.constexpr, EVEN: tl.constexpr, DP_FIRST: tl.constexpr):
     offs_m = m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = offs_m < S_q
     q_mask = rmask[:, None] & dmask[None, :]
-    if TMA:  # Qh / DOh are 2-D descriptors over [B*S_q, H_q*D]
-        q = Qh.load([q_row + m * BLOCK_M, q_col])  # [BLOCK_M, BLOCK_D]
-        do = DOh.load([q_row + m * BLOCK_M, q_col])
-    else:
-        q = _load(Qh + offs_m[:, None] * sqs + offs_d[None, :], q_mask, 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
-        do = _load(DOh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
+    q = _load(Qh + offs_m[:, None] * sqs + offs_d[None, :], q_mask, 0.0, EVEN)  # [BLOCK_M, BLOCK_D]
+    do = _load(DOh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
     lse2 = _load(LSEh + offs_m, rmask, float("inf"), EVEN)  # [BLOCK_M], log2 units
     delta = _load(DELh + offs_m, rmask, 0.0, EVEN)
     sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * qk_scale  # [BLOCK_N, BLOCK_M]
@@ -59,44 +52,28 @@ def _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask,
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
     dsT = pT * (dpT - delta[None, :])
     dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PREC)
-    if ATOMIC_DQ:
-        dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PREC)  # [BLOCK_M, BLOCK_D], unscaled
-        if TMA_DQ:  # one bulk reduce-add of the tile by the TMA unit (FlashAttention-3's dQ scheme)
-            DQh.atomic_add([q_row + m * BLOCK_M, q_col], dq)
-        else:
-            tl.atomic_add(DQh + offs_m[:, None] * sdqs + offs_d[None, :], dq, mask=q_mask, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _flashmask_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV, DQA, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
+    Q, K, V, DO, LSE2, DELTA, DK, DV, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
-    sdkb, sdks, sdkh, sdvb, sdvs, sdvh, sdqb, sdqs, sdqh,
-    S_q, S_k, H_q, H_k, H_mask, G, SPLIT: tl.constexpr, NUM_N, NUM_M, qk_scale, sm_scale, ORDER,
+    sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
+    S_q, S_k, H_q, H_k, H_mask, G, NUM_N, NUM_M, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
-    EVEN: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, DP_FIRST: tl.constexpr, LPT: tl.constexpr,
+    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
+    EVEN: tl.constexpr, DP_FIRST: tl.constexpr,
 ):
-    # grid (key blocks, B * H_k * SPLIT), or with LPT (B * H_k * SPLIT, key blocks): heads fastest, key blocks by
-    # decreasing work (ORDER). With SPLIT > 1 the G query heads of a KV head are shared out over SPLIT programs,
-    # each writing its partial dK / dV to head slot hk * SPLIT + part of an fp32 buffer that the launcher sums
-    # (more, lighter programs for GQA); SPLIT = 1 is one program per KV head writing dK / dV directly
-    if LPT:
-        pid_h = tl.program_id(0)
-    else:
-        pid_h = tl.program_id(1)
-    part = pid_h % SPLIT
-    bhk = pid_h // SPLIT
+    """dK (scaled by ``sm_scale``) and dV of one key block of one KV head, summed over the G query heads of its
+    group. Grid ``(key blocks, B * H_k)``; LSE2 / DELTA fp32 ``[B, H_q, S_q]`` from the preprocess kernel."""
+    bhk = tl.program_id(1)
     b = bhk // H_k
     hk = bhk % H_k
     hm = (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
     bm = b * H_mask + hm
-    if LPT:
-        n = _lpt_row(ORDER, tl.program_id(1), bm, NUM_N, HAS_MASK)
-    else:
-        n = tl.program_id(0)
+    n = tl.program_id(0)
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
@@ -111,63 +88,44 @@ def _flashmask_bwd_dkdv_kernel(
                                          UTE + vec_off, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, EVEN)
     IDX, n_part, n_full, f_lo = _visit_list(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
 
-    g_per = G // SPLIT
-    for g in range(part * g_per, part * g_per + g_per):
+    for g in range(0, G):
         h = hk * G + g
-        q_row = b * S_q  # TMA box coordinates of this head in the [B*S_q, H_q*D] views
-        q_col = h * D
-        if TMA:
-            Qh = Q
-            DOh = DO
-        else:
-            Qh = Q + b * sqb + h * sqh
-            DOh = DO + b * sdob + h * sdoh
+        Qh = Q + b * sqb + h * sqh
+        DOh = DO + b * sdob + h * sdoh
         LSEh = LSE2 + (b * H_q + h) * S_q
         DELh = DELTA + (b * H_q + h) * S_q
-        if TMA_DQ:  # a 2-D descriptor over the fp32 [B*S_q, H_q*D] accumulator
-            DQh = DQA
-        else:
-            DQh = DQA + b * sdqb + h * sdqh
         for i in range(0, n_part):
             m = tl.load(IDX + i)
-            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos, sdqs,
-                                S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, True, CAUSAL,
-                                HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA, TMA_DQ,
-                                DP_FIRST)
+            dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, m, offs_n, offs_d, dmask, sqs, sdos,
+                                S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, True, CAUSAL,
+                                HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, DP_FIRST)
         if f_lo >= 0:  # unmasked query blocks form one run: affine addresses
             for m in range(f_lo, f_lo + n_full):
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos,
-                                    sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                    TMA_DQ, DP_FIRST)
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, m, offs_n, offs_d, dmask, sqs, sdos,
+                                    S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, DP_FIRST)
         else:
             for i in range(n_part, n_part + n_full):
                 m = tl.load(IDX + i)
-                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, DQh, m, offs_n, offs_d, dmask, sqs, sdos,
-                                    sdqs, S_q, S_k, lts, lte, uts, ute, qk_scale, q_row, q_col, BLOCK_M, False,
-                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, ATOMIC_DQ, DOT_PREC, EVEN, TMA,
-                                    TMA_DQ, DP_FIRST)
+                dk, dv = _dkdv_tile(dk, dv, k, v, Qh, DOh, LSEh, DELh, m, offs_n, offs_d, dmask, sqs, sdos,
+                                    S_q, S_k, lts, lte, uts, ute, qk_scale, BLOCK_M, False,
+                                    CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, DP_FIRST)
 
-    slot = hk * SPLIT + part
-    _store(DK + b * sdkb + slot * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
+    _store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdks + offs_d[None, :],
            (dk * sm_scale).to(DK.dtype.element_ty), kv_mask, EVEN)
-    _store(DV + b * sdvb + slot * sdvh + offs_n[:, None] * sdvs + offs_d[None, :],
+    _store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvs + offs_d[None, :],
            dv.to(DV.dtype.element_ty), kv_mask, EVEN)
 
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE, qk_scale,
-             kv_row, kv_col, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
              HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr,
-             EVEN: tl.constexpr, TMA: tl.constexpr, DP_FIRST: tl.constexpr):
+             EVEN: tl.constexpr, DP_FIRST: tl.constexpr):
     offs_n = n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if TMA:  # K / V are 2-D descriptors over [B*S_k, H_k*D]
-        k = K.load([kv_row + n * BLOCK_N, kv_col])
-        v = V.load([kv_row + n * BLOCK_N, kv_col])
-    else:
-        kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
-        k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
-        v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
+    kv_mask = (offs_n < S_k)[:, None] & dmask[None, :]
+    k = _load(K + offs_n[:, None] * sks + offs_d[None, :], kv_mask, 0.0, EVEN)
+    v = _load(V + offs_n[:, None] * svs + offs_d[None, :], kv_mask, 0.0, EVEN)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
     if DP_FIRST:  # issue dP = dO V^T before the exp2/mask math instead of after it (same values, other order)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
@@ -187,25 +145,21 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S
 def _flashmask_bwd_dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
-    S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale, ORDER,
+    S_q, S_k, H_q, H_mask, G, NUM_M, NUM_N, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
-    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
-    DP_FIRST: tl.constexpr, LPT: tl.constexpr,
+    HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, DOT_PREC: tl.constexpr, EVEN: tl.constexpr,
+    DP_FIRST: tl.constexpr,
 ):
-    if LPT:  # grid order as in the forward kernel
-        bh = tl.program_id(0)
-    else:
-        bh = tl.program_id(1)
+    """dQ (scaled by ``sm_scale``) of one query block of one query head. Grid ``(query blocks, B * H_q)``, the
+    last query blocks first, as in the forward kernel."""
+    bh = tl.program_id(1)
     b = bh // H_q
     h = bh % H_q
     hk = h // G
     hm = h // (H_q // H_mask)
     bm = b * H_mask + hm
-    if LPT:
-        pid_m = _lpt_row(ORDER, tl.program_id(1), bm, NUM_M, HAS_MASK)
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
@@ -215,11 +169,8 @@ def _flashmask_bwd_dq_kernel(
     do = _load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdos + offs_d[None, :], q_mask, 0.0, EVEN)
     lse2 = _load(LSE2 + bh * S_q + offs_m, rmask, float("inf"), EVEN)
     delta = _load(DELTA + bh * S_q + offs_m, rmask, 0.0, EVEN)
-    kv_row = b * S_k
-    kv_col = hk * D
-    if not TMA:
-        K += b * skb + hk * skh
-        V += b * svb + hk * svh
+    K += b * skb + hk * skh
+    V += b * svb + hk * svh
     vec_off = bm * S_k
     LTS += vec_off
     LTE += vec_off
@@ -230,19 +181,18 @@ def _flashmask_bwd_dq_kernel(
     for i in range(0, n_part):
         n = tl.load(IDX + i)
         dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS, UTE,
-                      qk_scale, kv_row, kv_col, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC,
-                      EVEN, TMA, DP_FIRST)
+                      qk_scale, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC, EVEN, DP_FIRST)
     if f_lo >= 0:
         for n in range(f_lo, f_lo + n_full):
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
-                          UTE, qk_scale, kv_row, kv_col, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
-                          HAS_UTS, DOT_PREC, EVEN, TMA, DP_FIRST)
+                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC,
+                          EVEN, DP_FIRST)
     else:
         for i in range(n_part, n_part + n_full):
             n = tl.load(IDX + i)
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, n, offs_m, offs_d, dmask, sks, svs, S_k, LTS, LTE, UTS,
-                          UTE, qk_scale, kv_row, kv_col, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT,
-                          HAS_UTS, DOT_PREC, EVEN, TMA, DP_FIRST)
+                          UTE, qk_scale, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS, DOT_PREC,
+                          EVEN, DP_FIRST)
     _store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqs + offs_d[None, :],
            (dq * sm_scale).to(DQ.dtype.element_ty), q_mask, EVEN)
 

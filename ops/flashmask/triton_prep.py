@@ -11,8 +11,6 @@ classes become per-block visit lists (partial first, then unmasked) that the ker
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -21,21 +19,6 @@ from . import triton_blocklists as tl_lists
 
 # Row order of the min/max table: [vector, stat] -> row index.
 LTS_MIN, LTS_MAX, LTE_MIN, LTE_MAX, UTS_MIN, UTS_MAX, UTE_MIN, UTE_MAX = range(8)
-
-
-def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    """The value of environment switch ``name`` (``default`` when unset); ValueError naming it otherwise."""
-    val = os.environ.get(name, default)
-    if val not in choices:
-        raise ValueError(f"{name}={val!r} is not one of {choices} (see ops/flashmask/README.md); unset it for "
-                         f"the default {default!r}")
-    return val
-
-
-def _torch_prep() -> bool:
-    """``FLASHMASK_PREP=torch`` builds the min/max tables and visit lists with the pure-PyTorch references
-    instead of the Triton launches (benchmarking switch; the results are bitwise equal)."""
-    return _env_choice("FLASHMASK_PREP", "triton", ("triton", "torch")) == "torch"
 
 
 class MaskVectors:
@@ -77,9 +60,7 @@ class MaskVectors:
         repeating the last column, which leaves min and max unchanged.
         """
         if block_n not in self._mm:
-            if _torch_prep():
-                self._mm[block_n] = self.block_minmax_reference(block_n)
-            elif self.has_mask:
+            if self.has_mask:
                 self._mm[block_n] = tl_lists.block_minmax(self.lts, self.lte, self.uts, self.ute, self.seq_q,
                                                           block_n, self.has_lte, self.has_ut, self.has_uts)
             else:
@@ -157,22 +138,9 @@ class MaskVectors:
         """
         key = (block_m, block_n, by_key)
         if key not in self._lists:
-            if _torch_prep():
-                self._lists[key] = self.block_lists_reference(block_m, block_n, by_key)
-            else:
-                self._lists[key] = tl_lists.block_lists(
-                    self.block_minmax(block_n), self.lts.shape[0] if self.has_mask else 1, self.seq_q, self.seq_k,
-                    block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
-        return self._lists[key]
-
-    def lpt_order(self, block_m: int, block_n: int, by_key: bool) -> torch.Tensor:
-        """Outer blocks by decreasing number of listed inner blocks (longest processing time first; ties in block
-        order), int32 ``[L, R]`` like :meth:`block_lists`' counts; cached. Used with ``FLASHMASK_LPT=1``."""
-        key = ("lpt", block_m, block_n, by_key)
-        if key not in self._lists:
-            _, n_p, n_f, _ = self.block_lists(block_m, block_n, by_key)
-            work = (n_p + n_f).to(torch.int32)
-            self._lists[key] = torch.argsort(work, dim=-1, descending=True, stable=True).to(torch.int32).contiguous()
+            self._lists[key] = tl_lists.block_lists(
+                self.block_minmax(block_n), self.lts.shape[0] if self.has_mask else 1, self.seq_q, self.seq_k,
+                block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
         return self._lists[key]
 
     def block_lists_reference(self, block_m: int, block_n: int, by_key: bool):
@@ -192,15 +160,6 @@ class MaskVectors:
         contiguous = (n_f == 0) | (last - first + 1 == n_f)
         full_lo = torch.where(contiguous, first, torch.full_like(first, -1)).contiguous()
         return idx, n_p, n_f, full_lo
-
-
-@triton.jit
-def _lpt_row(ORDER, rank, bm, NUM_ROWS, HAS_MASK: tl.constexpr):
-    """The outer block at position ``rank`` of :meth:`MaskVectors.lpt_order` (table ``bm``, or the shared one)."""
-    lrow = rank
-    if HAS_MASK:
-        lrow += bm * NUM_ROWS
-    return tl.load(ORDER + lrow)
 
 
 @triton.jit

@@ -96,7 +96,7 @@ def test_gluon_scope(monkeypatch):
     """Where each Gluon kernel applies: the default (unset) is auto for both; ``triton`` turns each off; head dim
     64, a misaligned tensor, S_q % 128 != 0 (forward) and reproducible backwards run the Triton kernels."""
     _require_hopper()
-    from flashmask.triton_flashmask import gluon_bwd_eligible, gluon_fwd_eligible
+    from flashmask.dispatch import gluon_bwd_eligible, gluon_fwd_eligible
 
     q = torch.zeros(1, 1024, 2, 128, device="cuda", dtype=torch.bfloat16)
     d64 = q[..., :64].contiguous()
@@ -163,8 +163,8 @@ class _deterministic_algorithms:
     """``torch.use_deterministic_algorithms(True)`` for a block, restoring the previous setting."""
 
     def __enter__(self):
-        self.was = torch.are_deterministic_algorithms_enabled()
+        self.previous = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True)
 
     def __exit__(self, *exc):
-        torch.use_deterministic_algorithms(self.was)
+        torch.use_deterministic_algorithms(self.previous)

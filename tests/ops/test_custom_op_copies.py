@@ -1,7 +1,7 @@
-"""A second copy of the flashmask package imported under another name (the benchmarks' ``--alt name=path`` A/B
-copies, ``benchmarks/tune_blocks.py``) must keep its own custom ops: ``torch.library.custom_op`` silently replaces
-the kernels of an op name that already exists, so with one shared ``flashmask::triton_fwd`` name both copies ran
-the last-imported copy's code (an A/B compared a copy with itself)."""
+"""A second copy of the flashmask package imported under another name (the tile sweep's ``--alt name=path`` copies,
+``flashmask.benchmarks.tune_blocks``) keeps its own custom ops: ``torch.library.custom_op`` silently replaces the
+kernels of an op name that already exists, so with one shared ``flashmask::triton_fwd`` name both copies would run
+the last-imported copy's code (an A/B would compare a copy with itself)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-import flashmask.triton_flashmask as main_tf  # noqa: E402
+import flashmask.autograd as main_tf  # noqa: E402
 from test_triton import make_qkv  # noqa: E402
 
 
@@ -23,7 +23,8 @@ def test_second_package_copy_does_not_replace_the_ops(tmp_path, monkeypatch):
                     ignore=shutil.ignore_patterns("__pycache__", "benchmarks"))
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        ctl = importlib.import_module("flashmask_ctl.triton_flashmask")
+        ctl = importlib.import_module("flashmask_ctl.autograd")
+        ctl_dispatch = importlib.import_module("flashmask_ctl.dispatch")
 
         def copy_fwd(*args):
             raise AssertionError("the main package's op ran the copy's forward")
@@ -31,12 +32,12 @@ def test_second_package_copy_does_not_replace_the_ops(tmp_path, monkeypatch):
         def copy_bwd(*args):
             raise AssertionError("the main package's op ran the copy's backward")
 
-        monkeypatch.setattr(ctl, "_fwd", copy_fwd)
-        monkeypatch.setattr(ctl, "_bwd", copy_bwd)
+        monkeypatch.setattr(ctl_dispatch, "forward", copy_fwd)
+        monkeypatch.setattr(ctl_dispatch, "backward", copy_bwd)
         q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)
         q.requires_grad_(True)
         out, _ = main_tf.flashmask_attention_triton(q, k, v, None, True, 0.25)
-        out.backward(do)  # must run the main package's _fwd / _bwd
+        out.backward(do)  # must run the main package's forward / backward
         with pytest.raises(AssertionError, match="copy's forward"):
             ctl.flashmask_attention_triton(q, k, v, None, True, 0.25)  # and the copy its own
     finally:

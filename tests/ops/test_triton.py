@@ -20,7 +20,7 @@ triton = pytest.importorskip("triton")
 from flashmask import flashmask_attention  # noqa: E402
 from flashmask.dense import to_dense  # noqa: E402
 from flashmask.reference import flashmask_attention_reference  # noqa: E402
-from flashmask.triton_flashmask import flashmask_attention_triton  # noqa: E402
+from flashmask.autograd import flashmask_attention_triton  # noqa: E402
 from tolerance import assert_close_to_ref  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -231,7 +231,7 @@ def test_interpreter_guard_message():
 
 def test_mask_preprocessing_cached_per_index_tensor():
     """Layers sharing one index tensor preprocess it once; an in-place edit (version bump) rebuilds it."""
-    from flashmask.triton_flashmask import _mask_vectors
+    from flashmask.mask_cache import mask_vectors as _mask_vectors
 
     sri = torch.tensor([[[[3], [3], [3], [8], [8], [8], [8], [8]]]], dtype=torch.int32)
     first = _mask_vectors(sri, True, 8, 8, sri.device)
@@ -244,7 +244,7 @@ def test_mask_preprocessing_cached_per_index_tensor():
 def test_no_mask_preprocessing_cached_per_mode_and_length():
     """Without an index tensor the visit lists depend only on (causal, S_q, S_k, device): reused across calls,
     rebuilt for another mode or length, and the cached lists still give the reference result."""
-    from flashmask.triton_flashmask import _mask_vectors
+    from flashmask.mask_cache import mask_vectors as _mask_vectors
 
     dev = torch.device(DEV)
     causal = _mask_vectors(None, True, 40, 40, dev)
@@ -271,7 +271,13 @@ def test_range_loops_match_indirect_lists(monkeypatch):
     q, k, v, do = make_qkv(1, 128, 128, 2, 1, 16, torch.float32, seed=3)
     fn = lambda x, y, z: flashmask_attention_triton(x, y, z, sri, m.causal, 0.25, True)  # noqa: E731
     ranged = _run(fn, q, k, v, do)
-    monkeypatch.setenv("FLASHMASK_RANGE_LOOPS", "0")
+    real_lists = MaskVectors.block_lists
+
+    def lists_without_runs(self, *args, **kwargs):  # full_lo = -1: every unmasked block through the list
+        idx, n_part, n_full, full_lo = real_lists(self, *args, **kwargs)
+        return idx, n_part, n_full, torch.full_like(full_lo, -1)
+
+    monkeypatch.setattr(MaskVectors, "block_lists", lists_without_runs)
     listed = _run(fn, q, k, v, do)
     for a, b in zip(ranged, listed):
         assert torch.equal(a, b)
@@ -279,114 +285,68 @@ def test_range_loops_match_indirect_lists(monkeypatch):
 
 @pytest.mark.parametrize("causal,c", [(True, 2), (False, 4)])
 def test_dp_first_orders_match(monkeypatch, causal, c):
-    """``FLASHMASK_DP_FIRST`` only moves dP = dO V^T before or after the softmax math in both backward kernels:
-    the two orders agree bitwise, and the default order passes the reference check (GQA 4:2, per-head masks,
-    partial tail tiles)."""
+    """``launch_config.dp_first`` only moves dP = dO V^T before or after the softmax math in both backward
+    kernels: the two orders agree bitwise, and the default order passes the reference check (GQA 4:2, per-head
+    masks, partial tail tiles)."""
+    from flashmask import triton_launch
+
     gen = torch.Generator().manual_seed(11 + c)
     sri = random_sri(2, 2, 47, causal, c, gen=gen)
     q, k, v, do = make_qkv(2, 47, 47, 4, 2, 32, torch.float32, seed=13)
     fn = lambda x, y, z: flashmask_attention_triton(x, y, z, sri, causal, 0.25, True)  # noqa: E731
     runs = []
-    for order in ("1", "0"):
-        monkeypatch.setenv("FLASHMASK_DP_FIRST", order)
+    for order in (True, False):
+        monkeypatch.setattr(triton_launch, "dp_first", lambda d_pad, order=order: order)
         runs.append(_run(fn, q, k, v, do))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
-    monkeypatch.delenv("FLASHMASK_DP_FIRST")
-    check_case(q, k, v, do, sri, causal)
-
-
-@pytest.mark.parametrize("causal,c", [(True, 2), (False, 4)])
-def test_atomic_dq_option(monkeypatch, causal, c):
-    """``FLASHMASK_ATOMIC_DQ=1``: the dK/dV kernel adds dQ with fp32 atomics instead of the separate dQ kernel;
-    same tolerances against the reference (GQA 4:2, per-head masks, a partial tail tile)."""
-    monkeypatch.setenv("FLASHMASK_ATOMIC_DQ", "1")
-    gen = torch.Generator().manual_seed(5 + c)
-    sri = random_sri(2, 2, 41, causal, c, gen=gen)
-    q, k, v, do = make_qkv(2, 41, 41, 4, 2, 32, torch.float32, seed=7)
+    monkeypatch.undo()
     check_case(q, k, v, do, sri, causal)
 
 
 @pytest.mark.parametrize("causal,c", MODES, ids=[f"{'causal' if m[0] else 'full'}-C{m[1]}" for m in MODES])
 def test_tma_descriptor_path(monkeypatch, causal, c):
-    """``FLASHMASK_TMA=1`` (tensor-descriptor loads, taken when the launch is EVEN): every mode against the
+    """The forward's tensor-descriptor (TMA) loads, taken when the launch is EVEN: every mode against the
     reference, GQA 4:2, fp16, and bitwise equal to the pointer path (same math, only the loads differ)."""
+    from flashmask import triton_launch
+
     gen = torch.Generator().manual_seed(77 + (c or 0) + causal)
     sri = None if c is None else random_sri(2, 2 if (c or 0) % 2 == 0 else 1, 64, causal, c, gen=gen)
     q, k, v, do = make_qkv(2, 64, 64, 4, 2, 16, torch.float16, seed=21)
-    monkeypatch.setenv("FLASHMASK_TMA", "1")
+    descriptors = []
+    real_tma_2d = triton_launch._tma_2d
+    monkeypatch.setattr(triton_launch, "_tma_2d", lambda *a: descriptors.append(1) or real_tma_2d(*a))
     tma = check_case(q, k, v, do, sri, causal)
-    monkeypatch.setenv("FLASHMASK_TMA", "0")
+    assert descriptors  # the TMA path ran
+    monkeypatch.setattr(triton_launch, "_tma_enabled", lambda t: False)
     ptr = _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, causal, 0.25), q, k, v, do)
     for a, b in zip(tma, ptr):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("causal,c,h_q,split", [(True, 2, 4, "2"), (False, 4, 8, "2"), (True, None, 8, "full"),
-                                                  (True, 1, 6, "4")])
-def test_gqa_split_option(monkeypatch, causal, c, h_q, split):
-    """``FLASHMASK_GQA_SPLIT``: the dK/dV kernel shares a KV head's query heads out over several programs and sums
-    their fp32 partials; every output within the reference tolerances (GQA h_q:2, per-head masks when C is even,
-    a partial tail tile). A split that does not divide the group (4 of 3) falls back to one program."""
-    monkeypatch.setenv("FLASHMASK_GQA_SPLIT", split)
-    gen = torch.Generator().manual_seed(31 + h_q + (c or 0))
-    sri = None if c is None else random_sri(2, 2 if c % 2 == 0 else 1, 45, causal, c, gen=gen)
-    q, k, v, do = make_qkv(2, 45, 45, h_q, 2, 32, torch.float32, seed=17)
-    check_case(q, k, v, do, sri, causal)
+def test_torch_reference_preprocessing_gives_the_same_attention(monkeypatch):
+    """The pure-PyTorch min/max and visit lists (``MaskVectors.*_reference``) in place of the Triton
+    preprocessing kernels give bitwise the same outputs and gradients."""
+    from flashmask.triton_prep import MaskVectors
 
-
-@pytest.mark.parametrize("causal,c", MODES, ids=[f"{'causal' if m[0] else 'full'}-C{m[1]}" for m in MODES])
-def test_lpt_order_option(monkeypatch, causal, c):
-    """``FLASHMASK_LPT=1`` only changes which program runs which outer block (heads fastest, blocks by decreasing
-    listed work): every output bitwise equal to the default order, also with the GQA split; the order is a
-    permutation of the outer blocks sorted by work."""
-    gen = torch.Generator().manual_seed(90 + (c or 0) + causal)
-    sri = None if c is None else random_sri(2, 2 if (c or 0) % 2 == 0 else 1, 53, causal, c, gen=gen)
-    q, k, v, do = make_qkv(2, 53, 53, 4, 2, 16, torch.float32, seed=23)
-    fn = lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, causal, 0.25, True)  # noqa: E731
-    runs = []
-    for lpt, split in (("0", "1"), ("1", "1"), ("1", "2"), ("0", "2")):
-        monkeypatch.setenv("FLASHMASK_LPT", lpt)
-        monkeypatch.setenv("FLASHMASK_GQA_SPLIT", split)
-        runs.append(_run(fn, q, k, v, do))
-    for a, b in zip(runs[0], runs[1]):
-        assert torch.equal(a, b)
-    for a, b in zip(runs[3], runs[2]):  # the split changes dK/dV summation order, not the program order's effect
-        assert torch.equal(a, b)
-    from flashmask.triton_flashmask import _mask_vectors
-
-    mv = _mask_vectors(sri, causal, 53, 53, q.device)
-    for by_key in (False, True):
-        _, n_p, n_f, _ = mv.block_lists(16, 16, by_key)
-        order = mv.lpt_order(16, 16, by_key).long()
-        assert torch.equal(order.sort(-1).values, torch.arange(order.shape[-1]).expand_as(order))
-        work = (n_p + n_f).gather(-1, order)
-        assert bool((work[..., :-1] >= work[..., 1:]).all())
-
-
-def test_torch_prep_switch(monkeypatch):
-    """``FLASHMASK_PREP=torch`` (pure-PyTorch min/max and visit lists) gives bitwise the same results as the
-    default Triton preprocessing; another value is a ValueError naming the variable."""
-    gen = torch.Generator().manual_seed(2)
     q, k, v, do = make_qkv(1, 50, 50, 2, 1, 16, torch.float32, seed=8)
     runs = []
-    for mode in ("torch", "triton"):
-        monkeypatch.setenv("FLASHMASK_PREP", mode)
+    for use_reference in (True, False):
+        if use_reference:
+            monkeypatch.setattr(MaskVectors, "block_minmax", MaskVectors.block_minmax_reference)
+            monkeypatch.setattr(MaskVectors, "block_lists", MaskVectors.block_lists_reference)
+        else:
+            monkeypatch.undo()
         sri = random_sri(1, 1, 50, False, 4, gen=torch.Generator().manual_seed(2)).to(DEV)  # fresh: no cache
         runs.append(_run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, False, 0.25), q, k, v, do))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
-    monkeypatch.setenv("FLASHMASK_PREP", "off")
-    sri = random_sri(1, 1, 50, False, 4, gen=gen).to(DEV)
-    with pytest.raises(ValueError, match="FLASHMASK_PREP"):
-        _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, sri, False, 0.25), q, k, v, do)
 
 
 def test_unknown_environment_switch_is_an_error(monkeypatch):
     """A typo in a kernel switch must not silently pick a path: ValueError naming the variable."""
     q, k, v, do = make_qkv(1, 16, 16, 2, 1, 16, torch.float32)
-    for var in ("FLASHMASK_TMA", "FLASHMASK_ATOMIC_DQ", "FLASHMASK_RANGE_LOOPS", "FLASHMASK_DP_FIRST",
-                "FLASHMASK_GQA_SPLIT", "FLASHMASK_LPT"):
+    for var in ("FLASHMASK_FWD", "FLASHMASK_BWD"):
         monkeypatch.setenv(var, "off")
         with pytest.raises(ValueError, match=var):
             _run(lambda a, b_, c_: flashmask_attention_triton(a, b_, c_, None, True, 0.25), q, k, v, do)
@@ -414,7 +374,7 @@ def test_compiles_as_one_graph(causal, c):
 def test_custom_ops_pass_opcheck():
     """Schema, fake (meta) kernels and autograd registration of ``flashmask::triton_fwd`` / ``triton_bwd``
     (``torch.library.opcheck``)."""
-    from flashmask.triton_flashmask import _bwd_op, _fwd_op
+    from flashmask.autograd import _bwd_op, _fwd_op
 
     sri = random_sri(1, 1, 24, False, 4, gen=torch.Generator().manual_seed(4)).to(DEV)
     q, k, v, do = make_qkv(1, 24, 24, 2, 1, 16, torch.float32, seed=5)
@@ -427,10 +387,10 @@ def test_custom_ops_pass_opcheck():
 @pytest.mark.parametrize("causal,c", MODES, ids=[f"{'causal' if m[0] else 'full'}-C{m[1]}" for m in MODES])
 @pytest.mark.parametrize("use_lse", [False, True], ids=["out", "out+lse"])
 def test_eager_function_equals_custom_op(monkeypatch, causal, c, use_lse):
-    """Eager calls run a plain autograd.Function (less host time), ``torch.compile`` and ``FLASHMASK_EAGER_OP=1``
-    the custom ops: the two paths give bitwise the same out, LSE and gradients, with and without a loss on the
-    LSE (the eager path passes ``dlse = None`` when the LSE is unused)."""
-    import flashmask.triton_flashmask as T
+    """Eager calls run a plain autograd.Function (less host time), ``torch.compile`` and tensor subclasses the
+    custom ops: the two paths give bitwise the same out, LSE and gradients, with and without a loss on the LSE
+    (the eager path passes ``dlse = None`` when the LSE is unused)."""
+    import flashmask.autograd as T
 
     gen = torch.Generator().manual_seed(7 + (c or 0) + causal)
     sri = None if c is None else random_sri(2, 2 if (c or 0) % 2 == 0 else 1, 37, causal, c, gen=gen)
@@ -442,7 +402,7 @@ def test_eager_function_equals_custom_op(monkeypatch, causal, c, use_lse):
     monkeypatch.setattr(T._EagerFunction, "apply", lambda *a: calls.append("fn") or real_fn(*a))
     monkeypatch.setattr(T, "_fwd_op", lambda *a: calls.append("op") or real_op(*a))
     eager = _run(fn, q, k, v, do, w)
-    monkeypatch.setenv("FLASHMASK_EAGER_OP", "1")
+    monkeypatch.setattr(T, "_use_custom_op", lambda *tensors: True)
     op = _run(fn, q, k, v, do, w)
     assert calls == ["fn", "op"]
     for a, b in zip(eager, op):
