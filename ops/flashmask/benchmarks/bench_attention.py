@@ -1,7 +1,8 @@
 """Kernel benchmark: Triton FlashMask vs FlexAttention (Triton backend) vs SDPA, on one CUDA GPU.
 
 Times (median ms over at least 10 calls, ``triton.testing.do_bench``) the forward and forward+backward of
-- ours: ``flashmask.triton_flashmask.flashmask_attention_triton``. Its mask preprocessing (block min/max and
+- ours: ``flashmask.autograd.flashmask_attention_triton`` (the kernel ``flashmask_attention`` runs on CUDA, with the
+  default ``FLASHMASK_FWD`` / ``FLASHMASK_BWD``). Its mask preprocessing (block min/max and
   the visit lists of the three launches) is cached on the index tensor after the first call, as in training where
   every layer of a batch reuses it; like flex's BlockMask it is timed separately ("build ms ours / flex");
 - flex: ``torch.compile(flex_attention)`` with a BlockMask from ``torch.compile(create_block_mask)`` over a
@@ -10,6 +11,16 @@ Times (median ms over at least 10 calls, ``triton.testing.do_bench``) the forwar
 - sdpa-dense: SDPA with a dense bool mask ``[B, 1, S, S]`` (only at the smallest S, where it fits comfortably).
 Outputs of flex (and SDPA where run) are compared with ours before timing. TFLOP/s count only the allowed
 (unmasked) score elements: fwd 4*D*allowed*H, fwd+bwd 3.5x that (bwd = 2.5 x fwd), flashmask.md §3.7.
+FlexAttention compiles once per mask and length: dynamo's recompile limits are raised so that every row runs
+compiled (at the default limit of 8 it falls back to its unfused path, which runs out of memory at 16K).
+
+``causal`` is timed twice: ``causal [None]`` passes ``startend_row_indices=None`` (our no-mask fast path) and
+``causal [LTS=S]`` an all-``S`` LTS vector, the same mask given as vectors (what FlashMask V3 is timed with).
+
+``--v3`` runs the setting of FlashMask V3's same-run table (one H200, 2026-12-03; docs/kernel_notes.md: B = 1,
+H = 32, D = 128, bf16, its six masks at 8K and 16K, vectors on both sides; also ``causal [None]``) and
+prints, per row, our speed over FlexAttention beside V3's speed over FlexAttention from that run (``V3_OVER_FLEX``)
+and the ratio of the two: V3 cannot run here, so its same-run ratio to FlexAttention is the bar.
 
 Also: the bf16 matmul rate (8192^3 GEMM) measured in the same run, mask memory (ours: the int32 index tensor;
 flex: the BlockMask's tensors; dense: the bool mask), and a summary with the geometric mean and the worst mask of
@@ -17,7 +28,8 @@ the fwd+bwd speedup over flex, the causal ratio to cuDNN and the forward causal 
 ``--memory-seq 131072`` adds one long causal-document case (B=1): time and peak memory, ours vs flex.
 
 Usage: ``python -m flashmask.benchmarks.bench_attention [--seqs 8192,16384,32768] [--tokens 32768]
-[--masks causal,document,...] [--head-dim 128] [--memory-seq 131072] [--out results.jsonl]``. Needs CUDA.
+[--masks causal,document,...] [--head-dim 128] [--memory-seq 131072] [--out results.jsonl]``, or
+``python -m flashmask.benchmarks.bench_attention --v3 [--out v3.jsonl]``. Needs CUDA.
 """
 
 from __future__ import annotations
@@ -32,20 +44,20 @@ import torch.nn.functional as F
 
 from flashmask import masks as M
 from flashmask.dense import expand_startend
-from flashmask.triton_flashmask import flashmask_attention_triton
+from flashmask.autograd import flashmask_attention_triton
 
-MASKS = ["causal", "full", "causal_document", "share_question", "sliding_window_1024", "prefix_lm_causal",
+MASKS = ["causal", "causal_vec", "full", "causal_document", "share_question", "sliding_window_1024", "prefix_lm_causal",
          "document", "global_sliding", "causal_blockwise", "qk_sparse", "random_eviction"]
 
 
 def doc_lengths(s: int, b: int, seed: int, kind: str = "lognormal") -> list[list[int]]:
     """Per sample, document lengths summing to S.
 
-    ``lognormal`` (default since session 6): token-granular lengths from the end-to-end benchmark's chat-example
-    distribution, LogNormal(ln 661, 0.985) clipped to [16, S] (``benchmarks/e2e_train.py``), drawn until they
-    fill S; the last one is cut to fit. ``aligned64`` (the v1-v6 tables): 3..7 documents (x2 from 16K) with
-    boundaries on multiples of 64, which never cut a 64-wide tile (no partial tiles off the diagonal for 64-key
-    tiles): it flatters block-sparse kernels with small tiles.
+    ``lognormal`` (default): token-granular lengths from the end-to-end benchmark's chat-example distribution,
+    LogNormal(ln 661, 0.985) clipped to [16, S] (``benchmarks/e2e_train.py``), drawn until they fill S; the last
+    one is cut to fit. ``aligned64``: 3..7 documents (x2 from 16K) with boundaries on multiples of 64, which never
+    cut a 64-wide tile (no partial tiles off the diagonal for 64-key tiles): it flatters block-sparse kernels with
+    small tiles.
     """
     g = torch.Generator().manual_seed(seed)
     rows = []
@@ -70,6 +82,8 @@ def build_mask(name: str, s: int, b: int, docs_kind: str = "lognormal"):
     docs = doc_lengths(s, b, seed=s + b, kind=docs_kind)
     if name == "causal":
         return None, True
+    if name == "causal_vec":  # the causal mask as an all-S LTS vector: no extra masking, the vectors are read
+        return torch.full((b, 1, s, 1), s, dtype=torch.int32).cuda(), True
     if name == "full":
         return None, False
     if name == "causal_document":
@@ -103,6 +117,66 @@ def build_mask(name: str, s: int, b: int, docs_kind: str = "lognormal"):
     else:
         raise ValueError(f"unknown mask {name!r}; choose from {MASKS}")
     return m.startend_row_indices.cuda(), m.causal
+
+
+LABELS = {"causal": "causal [None]", "causal_vec": "causal [LTS=S]"}
+
+# FlashMask V3's same-run speed over FlexAttention (V3 ms / flex ms inverted: > 1 = V3 faster), (forward,
+# forward+backward), from the same-run table of FlashMask V3, FlexAttention and ours (one H200, 2026-12-03, B = 1,
+# H = 32, D = 128, bf16, vectors on both sides; docs/kernel_notes.md); the rows that run has
+V3_OVER_FLEX = {
+    ("causal_vec", 8192): (1.33, 1.45), ("v3_causal_document", 8192): (1.39, 1.52),
+    ("v3_sliding_window_1024", 8192): (1.37, 1.44), ("v3_prefix_lm_1/4", 8192): (1.31, 1.44),
+    ("v3_share_question", 8192): (1.39, 1.41), ("v3_document_bidir", 8192): (1.30, 1.47),
+    ("causal_vec", 16384): (1.35, 1.46), ("v3_causal_document", 16384): (1.41, 1.50),
+}
+V3_MASKS = ["causal", "causal_vec", "v3_causal_document", "v3_sliding_window_1024", "v3_prefix_lm_1/4",
+            "v3_share_question", "v3_document_bidir"]
+V3_SEQS = [8192, 16384]
+
+
+def v3_doc_lengths(s: int) -> list[int]:
+    """The reference's documents: ``torch.randint(256, 2048, (1,))`` from a generator seeded 1, drawn until they
+    fill ``s``; the last one cut to fit."""
+    g = torch.Generator().manual_seed(1)
+    lens, left = [], s
+    while left > 0:
+        lens.append(min(int(torch.randint(256, 2048, (1,), generator=g)), left))
+        left -= lens[-1]
+    return lens
+
+
+def build_v3_mask(name: str, s: int):
+    """(startend_row_indices [1, 1, s, C] int32 on CUDA or None, causal) for a mask of the V3 reference, B = 1.
+
+    ``causal`` / ``causal_vec`` as :func:`build_mask`; ``v3_causal_document``: LTS_j = end of j's document;
+    ``v3_sliding_window_1024``: LTS_j = min(j + 1024, s) (query i sees keys i - 1023 .. i); ``v3_prefix_lm_1/4``:
+    non-causal, LTS = s, UTE_j = 0 for j < s/4 else j; ``v3_share_question``: a prompt of s/4 tokens (LTS = s) and
+    three answers of (s - s/4)/3 tokens (the last takes the remainder; LTS = end of the answer);
+    ``v3_document_bidir``: non-causal, LTS_j = end and UTE_j = start of j's document (the same documents).
+    """
+    if name in ("causal", "causal_vec"):
+        return build_mask(name, s, 1)
+    j = torch.arange(s)
+    if name in ("v3_causal_document", "v3_document_bidir"):
+        lens = torch.tensor(v3_doc_lengths(s))
+        end = torch.repeat_interleave(torch.cumsum(lens, 0), lens)
+        vec = [end] if name == "v3_causal_document" else [end, end - torch.repeat_interleave(lens, lens)]
+        causal = name == "v3_causal_document"
+    elif name == "v3_sliding_window_1024":
+        vec, causal = [torch.clamp(j + 1024, max=s)], True
+    elif name == "v3_prefix_lm_1/4":
+        vec, causal = [torch.full_like(j, s), torch.where(j < s // 4, 0, j)], False
+    elif name == "v3_share_question":
+        p = s // 4
+        ans = [(s - p) // 3] * 3
+        ans[-1] += s - p - sum(ans)
+        lens = torch.tensor(ans)
+        ends = torch.repeat_interleave(p + torch.cumsum(lens, 0), lens)
+        vec, causal = [torch.cat([torch.full((p,), s), ends])], True
+    else:
+        raise ValueError(f"unknown V3 mask {name!r}; choose from {V3_MASKS}")
+    return torch.stack(vec, -1).to(torch.int32)[None, None].cuda(), causal
 
 
 def allowed_count(sri, causal: bool, b: int, s: int) -> int:
@@ -159,7 +233,8 @@ class FlexMask:
 def ours_build_ms(sri, causal: bool, s: int, d: int) -> float:
     """Wall ms of our per-batch mask preprocessing on a fresh copy of ``sri`` (no cache): ``MaskVectors`` plus
     the visit lists of the forward, dK/dV and dQ launches at the default bf16 tiles; median of 5, synchronised."""
-    from flashmask.triton_flashmask import _pow2, bwd_config, fwd_config
+    from flashmask.launch_config import bwd_config, fwd_config
+    from flashmask.launch_config import pow2 as _pow2
     from flashmask.triton_prep import MaskVectors
 
     times = []
@@ -180,8 +255,8 @@ def ours_build_ms(sri, causal: bool, s: int, d: int) -> float:
 
 def bench(fn, grads=None, min_samples: int = 10) -> float:
     """Median ms of ``fn`` over at least ``min_samples`` timed calls: ``do_bench`` with a 50 ms budget takes one
-    sample of a call longer than 25 ms (``full`` at 32K: about 130 ms), so the budget grows with the call (the
-    session-10 table's 138 ms `full` 32K row was such a single sample; 127 ms over 20)."""
+    sample of a call longer than 25 ms (``full`` at 32K: about 130 ms; one sample read 138 ms where 20 give 127),
+    so the budget grows with the call."""
     from triton.testing import do_bench
 
     ms = do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")
@@ -196,11 +271,7 @@ def run(args) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import flex_attention
 
-    # One compile per S and mask_mod; without a higher limit the third S hit dynamo's recompile limit and flex ran
-    # eagerly (math path, [B,H,S,S] scores: OOM at S=16K in the 2026-11-30 run).
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
+    raise_recompile_limits()
     flex = torch.compile(flex_attention, dynamic=False)
     h, d, dt = args.heads, args.head_dim, torch.bfloat16
     hk = args.kv_heads or h
@@ -216,7 +287,7 @@ def run(args) -> list[dict]:
         leaves_t = [t.clone().requires_grad_(True) for t in (qt, kt, vt)]
         fm = FlexMask(b, s)
         for name in args.masks:
-            sri, causal = build_mask(name, s, b, args.docs)
+            sri, causal = build_v3_mask(name, s) if args.v3 else build_mask(name, s, b, args.docs)
             n_allowed = allowed_count(sri, causal, b, s)
             fl = 4.0 * d * h * n_allowed
             row = dict(mask=name, S=s, B=b, H=h, H_kv=hk, D=d, docs=args.docs, density=n_allowed / (b * s * s))
@@ -296,6 +367,16 @@ def run(args) -> list[dict]:
     return results
 
 
+def raise_recompile_limits(limit: int = 1024) -> None:
+    """Raise dynamo's recompile limits (``recompile_limit`` / ``cache_size_limit``, whichever this torch has, and
+    their ``accumulated_`` totals) to at least ``limit``: compiled FlexAttention recompiles per mask and length, and
+    past the limit (8 by default) it runs its unfused path, with ``[B, H, S, S]`` scores."""
+    cfg = torch._dynamo.config
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, knob):
+            setattr(cfg, knob, max(limit, getattr(cfg, knob)))
+
+
 def block_mask_bytes(bm) -> int:
     """Bytes held by a BlockMask's tensors (block counts and indices, both directions)."""
     return sum(t.numel() * t.element_size() for t in vars(bm).values() if isinstance(t, torch.Tensor))
@@ -359,7 +440,7 @@ def summary(results: list[dict], mm: float) -> str:
                    f"{worst['mask']} {worst['flex_fb_ms'] / worst['ours_fb_ms']:.2f}x; fwd geomean "
                    f"{math.exp(sum(map(math.log, fw)) / len(fw)):.3f}x")
         for r in sub:
-            if r["mask"] == "causal" and "sdpa_cudnn_fb_ms" in r:
+            if r["mask"] == "causal" and "sdpa_cudnn_fb_ms" in r:  # cuDNN takes no vectors: the None row
                 out.append(f"S={s} causal: ours/cuDNN speed fwd {r['sdpa_cudnn_fwd_ms'] / r['ours_fwd_ms']:.2f}x, "
                            f"fwd+bwd {r['sdpa_cudnn_fb_ms'] / r['ours_fb_ms']:.2f}x; ours fwd "
                            f"{r['ours_fwd_tflops']:.0f} TFLOP/s = {r['ours_fwd_tflops'] / mm:.0%} of matmul")
@@ -381,11 +462,46 @@ def table(results: list[dict]) -> str:
             if f"sdpa_{tag}_fwd_ms" in r:
                 other.append(f"sdpa-{tag} {r[f'sdpa_{tag}_fwd_ms']:.2f}/{r[f'sdpa_{tag}_fb_ms']:.2f}")
         lines.append(
-            f"| {r['mask']} | {r['S']} | {r['B']} | {r['density']:.3f} | {r['ours_fwd_ms']:.2f} "
+            f"| {LABELS.get(r['mask'], r['mask'])} | {r['S']} | {r['B']} | {r['density']:.3f} | {r['ours_fwd_ms']:.2f} "
             f"({r['ours_fwd_tflops']:.0f}) | {r['flex_fwd_ms']:.2f} ({r['flex_fwd_tflops']:.0f}) | "
             f"{r['ours_fb_ms']:.2f} ({r['ours_fb_tflops']:.0f}) | {r['flex_fb_ms']:.2f} ({r['flex_fb_tflops']:.0f}) | "
             f"{r['flex_fwd_ms'] / r['ours_fwd_ms']:.2f}x | {r['flex_fb_ms'] / r['ours_fb_ms']:.2f}x | "
             f"{r.get('ours_build_ms', float('nan')):.2f} / {r['flex_build_ms']:.2f} | {'; '.join(other)} |")
+    return "\n".join(lines)
+
+
+def _geomean(xs) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def v3_table(results: list[dict]) -> str:
+    """Markdown table of the ``--v3`` rows: our speed over FlexAttention (same run) beside FlashMask V3's from the
+    reference run, forward and forward+backward, and ours / V3 estimated as the ratio of the two; then the
+    geometric means over the rows V3 has and the rows below 0.95 of V3's forward+backward ratio."""
+    lines = ["| mask | S | ours fwd ms | flex fwd ms | ours/flex fwd | V3/flex fwd | ours fwd+bwd ms | flex fwd+bwd ms | "
+             "ours/flex fwd+bwd | V3/flex fwd+bwd | ours/V3 fwd+bwd (est.) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ours_fw, ours_fb, v3_fw, v3_fb, below = [], [], [], [], []
+    for r in results:
+        fw, fb = r["flex_fwd_ms"] / r["ours_fwd_ms"], r["flex_fb_ms"] / r["ours_fb_ms"]
+        ref = V3_OVER_FLEX.get((r["mask"], r["S"]))
+        if ref:
+            ours_fw.append(fw)
+            ours_fb.append(fb)
+            v3_fw.append(ref[0])
+            v3_fb.append(ref[1])
+            if fb < 0.95 * ref[1]:
+                below.append(f"{LABELS.get(r['mask'], r['mask'])} {r['S']}")
+        v3_cells = (f"{ref[0]:.2f}x | " if ref else "- | ", f"{ref[1]:.2f}x | {fb / ref[1]:.2f}" if ref else "- | -")
+        lines.append(f"| {LABELS.get(r['mask'], r['mask'])} | {r['S']} | {r['ours_fwd_ms']:.3f} | "
+                     f"{r['flex_fwd_ms']:.3f} | {fw:.2f}x | {v3_cells[0]}{r['ours_fb_ms']:.3f} | {r['flex_fb_ms']:.3f} | "
+                     f"{fb:.2f}x | {v3_cells[1]} |")
+    if ours_fb:
+        lines.append("")
+        lines.append(f"rows with a V3 figure: {len(ours_fb)}; fwd+bwd over flex geomean ours {_geomean(ours_fb):.3f}x, "
+                     f"V3 {_geomean(v3_fb):.3f}x; fwd over flex geomean ours {_geomean(ours_fw):.3f}x, V3 "
+                     f"{_geomean(v3_fw):.3f}x; rows below 0.95 of V3's fwd+bwd ratio: "
+                     f"{', '.join(below) if below else 'none'}")
     return "\n".join(lines)
 
 
@@ -395,14 +511,20 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=32768, help="B * S")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--docs", default="lognormal", choices=("lognormal", "aligned64"),
-                   help="document lengths of the document masks (doc_lengths); aligned64 = the v1-v6 tables")
+                   help="document lengths of the document masks (doc_lengths)")
     p.add_argument("--kv-heads", type=int, default=0, help="K/V heads (GQA; default: --heads)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--masks", default=",".join(MASKS))
     p.add_argument("--dense-max-s", type=int, default=8192, help="largest S for the SDPA dense-mask baseline")
     p.add_argument("--memory-seq", type=int, default=0, help="also one causal-document pack of this length")
     p.add_argument("--out", default=None, help="append JSON lines here")
+    p.add_argument("--v3", action="store_true",
+                   help="FlashMask V3's same-run setting instead: B=1, H=32, D=128, its six masks at 8K and 16K "
+                        "(vectors on both sides) and V3's ratio to FlexAttention beside ours")
     args = p.parse_args(argv)
+    if args.v3:
+        args.seqs, args.masks = ",".join(map(str, V3_SEQS)), ",".join(V3_MASKS)
+        args.tokens, args.heads, args.kv_heads, args.head_dim, args.dense_max_s = 1, 32, 0, 128, 0
     args.seqs = [int(x) for x in args.seqs.split(",") if x]
     args.masks = [m for m in args.masks.split(",") if m]
     if args.kv_heads and args.heads % args.kv_heads:
@@ -422,6 +544,8 @@ def main(argv=None):
                 f.write(json.dumps(row) + "\n")
     print(table(res))
     print(summary(res, mm))
+    if args.v3:
+        print(v3_table(res))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,21 @@
-"""Offline tile sweep for the Triton FlashMask kernels (one CUDA GPU).
+"""Offline tile sweep for the Triton FlashMask kernels (one CUDA GPU): how the tiles of
+:mod:`flashmask.launch_config` were chosen.
 
-Times the forward and the backward (``deterministic=True`` dQ kernel and atomic dQ) for lists of tile configs,
-set through ``FLASHMASK_FWD_CFG`` / ``FLASHMASK_BWD_CFG``, on masks from :mod:`flashmask.benchmarks.bench_attention`
-(bf16, H = 32, B*S = 32K). Optional A/B variants run the same grid with another copy of the package
-(``--alt name=path``: a directory holding a ``flashmask``-shaped package, imported under ``name``) or with an
-environment switch (``--env-variant name=VAR=value[,VAR2=value2]``, e.g. ``FLASHMASK_RANGE_LOOPS=0``).
+Times the Triton forward and backward for lists of tile configs (set with ``launch_config.tile_override``) on
+masks from :mod:`flashmask.benchmarks.bench_attention` (bf16, H = 32, B*S = 32K). ``--alt name=path`` also runs
+another copy of the package (a directory holding a ``flashmask``-shaped package, imported under ``name``: a
+changed kernel against this one) at the first config of each list.
 
 Compilation dominates a sweep, so ``--precompile N`` first runs every (variant, config, mask) once in N worker
 processes (same shapes, so Triton's on-disk cache is hit later), then times everything sequentially in this
 process. Prints one table (ms, median of ``triton.testing.do_bench``) and the best config per kind.
 ``--timing gpu`` times the kernels alone with ``triton.testing.do_bench_cudagraph`` (device time): at small shapes
 (e.g. D = 64, B = 1, 8K) a call is host-bound on the H200 machine and ``do_bench`` measures Python
-(docs/kernel_notes.md, session 7). A/B variants run at the first config of each ``--fwd`` / ``--bwd`` list, so put
-the default config of the head dim first (the built-in lists start with the D = 128 defaults).
+(docs/kernel_notes.md). ``--alt`` copies run at the first config of each ``--fwd`` / ``--bwd`` list, so put the
+default config of the head dim first (the built-in lists start with the D = 128 defaults).
 
 Usage: ``python -m flashmask.benchmarks.tune_blocks --head-dim 128 --masks full,causal,causal_document
-[--fwd 128,128,8,2 ...] [--bwd 64,128,8,2,128,64,8,2 ...] [--precompile 8] [--processes 3] [--json out.json]``.
+[--fwd 128,128,8,3 ...] [--bwd 64,128,8,3,128,64,8,3 ...] [--precompile 8] [--processes 3] [--json out.json]``.
 ``--processes N`` repeats the whole sweep in N fresh processes and reports medians across them.
 """
 
@@ -28,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import types
 
 import torch
 
@@ -35,13 +36,31 @@ FWD = ["128,128,8,3", "128,128,8,2", "128,64,8,3", "128,64,4,3", "64,64,4,3"]  #
 BWD = ["64,128,8,3,128,64,8,3", "64,128,8,2,128,64,8,2", "32,128,4,3,128,32,4,3", "64,64,4,3,64,64,4,3"]
 
 
+FWD_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+BWD_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "DQ_BLOCK_M", "DQ_BLOCK_N", "dq_warps", "dq_stages")
+
+
+def parse_config(cfg: str, keys: tuple[str, ...]) -> dict:
+    """``"128,128,8,3"`` -> ``{"BLOCK_M": 128, ...}`` for ``keys``; ValueError naming the config otherwise."""
+    vals = cfg.split(",")
+    if len(vals) != len(keys) or not all(v.strip().isdigit() for v in vals):
+        raise ValueError(f"tile config {cfg!r}: expected {len(keys)} comma-separated integers {','.join(keys)}")
+    return dict(zip(keys, map(int, vals)))
+
+
 def _import_variant(spec: str | None):
-    """``None`` -> this checkout's ``flashmask``; ``name=path`` -> the package at ``path/name``."""
-    if spec is None:
-        return importlib.import_module("flashmask.triton_flashmask")
-    name, path = spec.split("=", 1)
-    sys.path.insert(0, path)
-    return importlib.import_module(f"{name}.triton_flashmask")
+    """The kernels of this checkout's ``flashmask`` (``spec`` None) or of the package copy ``name=path``: a
+    namespace with ``mask_vectors``, ``forward``, ``backward``, ``attention`` and ``tile_override``."""
+    name = "flashmask"
+    if spec is not None:
+        name, path = spec.split("=", 1)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    mod = {m: importlib.import_module(f"{name}.{m}") for m in ("mask_cache", "dispatch", "autograd", "launch_config")}
+    return types.SimpleNamespace(mask_vectors=mod["mask_cache"].mask_vectors, forward=mod["dispatch"].forward,
+                                 backward=mod["dispatch"].backward,
+                                 attention=mod["autograd"].flashmask_attention_triton,
+                                 tile_override=mod["launch_config"].tile_override)
 
 
 def _inputs(args, mask: str):
@@ -57,73 +76,58 @@ def _inputs(args, mask: str):
 
 
 def _jobs(args):
-    """(variant label, variant spec, env dict, kind, cfg) for every point of the sweep."""
-    variants = [("new", None, ())]
-    for a in args.alt:
-        variants.append((a.split("=", 1)[0], a, ()))
-    for e in args.env_variant:
-        label, kvs = e.split("=", 1)
-        variants.append((label, None, tuple(tuple(kv.split("=", 1)) for kv in kvs.split(","))))
+    """(variant label, variant spec, kind, cfg) for every point of the sweep."""
+    variants = [("new", None)] + [(a.split("=", 1)[0], a) for a in args.alt]
     out = []
-    for (label, spec, env), (kind, cfgs) in itertools.product(variants, (("fwd", args.fwd), ("bwd-d", args.bwd),
-                                                                         ("bwd-a", args.bwd if args.atomic else []))):
+    for (label, spec), (kind, cfgs) in itertools.product(variants, (("fwd", args.fwd), ("bwd", args.bwd))):
         for cfg in cfgs:
             if label != "new" and cfg != cfgs[0]:
-                continue  # A/B variants only at the first (default) config of each kind
-            out.append((label, spec, env, kind, cfg))
+                continue  # other package copies only at the first (default) config of each kind
+            out.append((label, spec, kind, cfg))
     return out
 
 
 def _device_fn(mod, kind: str, q, k, v, do, sri, causal: bool, scale: float):
     """The kernels of one pass alone (``--timing gpu``): the mask preprocessing is done once here, outside the
     CUDA graph, as the per-index-tensor cache does in training; the call then runs no autograd and no custom-op
-    layers. ``kind``: "fwd", "bwd-d" (deterministic dQ kernel) or "bwd-a" (atomic dQ per the environment)."""
-    mv = mod._mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
+    layers. ``kind``: "fwd" or "bwd" (the Triton kernels: ``deterministic=True``)."""
+    mv = mod.mask_vectors(sri, causal, q.shape[1], k.shape[1], q.device)
     if kind == "fwd":
-        return lambda: mod._fwd(q, k, v, mv, causal, scale)
-    o, lse = mod._fwd(q, k, v, mv, causal, scale)
-    return lambda: mod._bwd(do, q, k, v, o, lse, None, mv, causal, scale, kind == "bwd-d")
+        return lambda: mod.forward(q, k, v, mv, causal, scale)
+    o, lse = mod.forward(q, k, v, mv, causal, scale)
+    return lambda: mod.backward(do, q, k, v, o, lse, None, mv, causal, scale, True)
 
 
 def _time_one(args, job, mask, inputs, bench: bool):
     from triton.testing import do_bench, do_bench_cudagraph
 
-    label, spec, env, kind, cfg = job
-    env = dict(env)
-    if kind == "bwd-a":  # the atomic-dQ backward: thread atomics unless the variant picks another scheme
-        env.setdefault("FLASHMASK_ATOMIC_DQ", "1")
-    old_env = {k: os.environ.get(k) for k in list(env) + ["FLASHMASK_FWD_CFG", "FLASHMASK_BWD_CFG"]}
-    os.environ.update(env)
-    os.environ["FLASHMASK_FWD_CFG" if kind == "fwd" else "FLASHMASK_BWD_CFG"] = cfg
-    if kind != "fwd" and args.fwd:
-        os.environ["FLASHMASK_FWD_CFG"] = args.fwd[0]
+    label, spec, kind, cfg = job
+    # a backward job also runs the forward (for O and LSE): at the first --fwd config, as the forward jobs' default
+    fwd_cfg = cfg if kind == "fwd" else (args.fwd[0] if args.fwd else None)
+    tiles = dict(fwd=parse_config(fwd_cfg, FWD_KEYS) if fwd_cfg else None,
+                 bwd=parse_config(cfg, BWD_KEYS) if kind == "bwd" else None)
     try:
         mod = _import_variant(spec)
         q, k, v, do, sri, causal = inputs
         scale = q.shape[-1] ** -0.5
-        if args.timing == "gpu":
-            fn = _device_fn(mod, kind, q, k, v, do, sri, causal, scale)
-            fn()  # compiles and builds the visit lists outside the graph
+        with mod.tile_override(**tiles):
+            if args.timing == "gpu":
+                fn = _device_fn(mod, kind, q, k, v, do, sri, causal, scale)
+                fn()  # compiles and builds the visit lists outside the graph
+                torch.cuda.synchronize()
+                return do_bench_cudagraph(fn, rep=40, return_mode="median") if bench else 0.0
+            if kind == "fwd":
+                fn = lambda: mod.attention(q, k, v, sri, causal, scale, True)  # noqa: E731
+            else:
+                leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                o = mod.attention(*leaves, sri, causal, scale, True)[0]
+                fn = lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)  # noqa: E731
+            fn()
             torch.cuda.synchronize()
-            return do_bench_cudagraph(fn, rep=40, return_mode="median") if bench else 0.0
-        if kind == "fwd":
-            fn = lambda: mod.flashmask_attention_triton(q, k, v, sri, causal, scale, False)  # noqa: E731
-        else:
-            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-            o = mod.flashmask_attention_triton(*leaves, sri, causal, scale, kind == "bwd-d")[0]
-            fn = lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)  # noqa: E731
-        fn()
-        torch.cuda.synchronize()
-        return do_bench(fn, warmup=10, rep=40, return_mode="median") if bench else 0.0
+            return do_bench(fn, warmup=10, rep=40, return_mode="median") if bench else 0.0
     except Exception as e:  # out of shared memory / registers for this shape
         print(f"{label} {kind} {cfg} {mask}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
         return float("inf")
-    finally:
-        for key, val in old_env.items():
-            if val is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = val
 
 
 def _precompile_worker(args, jobs):
@@ -160,7 +164,7 @@ def aggregate(runs: list[list[dict]], masks: list[str]) -> list[dict]:
 
 def _across_processes(argv: list[str], args) -> list[dict]:
     """``--processes N``: the same sweep in N fresh processes (timings of small kernels move between processes by up
-    to 1.5x, docs/kernel_notes.md session 6), then medians across them."""
+    to 1.5x on the H200 host), then medians across them."""
     import subprocess
     import tempfile
 
@@ -188,8 +192,6 @@ def _across_processes(argv: list[str], args) -> list[dict]:
 
 
 def main(argv=None):
-    # the tiles swept here are the Triton kernels': keep the Gluon backward (sm_90, D = 128) out of the timings
-    os.environ.setdefault("FLASHMASK_BWD", "triton")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--batch", type=int, default=None, help="default 32768 // seq")
@@ -200,20 +202,27 @@ def main(argv=None):
                    help="document lengths of the document masks (bench_attention.doc_lengths)")
     p.add_argument("--fwd", nargs="*", default=FWD, help="BM,BN,warps,stages")
     p.add_argument("--bwd", nargs="*", default=BWD, help="BM,BN,warps,stages,dqBM,dqBN,dqwarps,dqstages")
-    p.add_argument("--atomic", action="store_true", help="also time the atomic-dQ backward")
     p.add_argument("--alt", nargs="*", default=[], help="name=path: another package copy to A/B")
-    p.add_argument("--env-variant", nargs="*", default=[], help="label=VAR=value[,VAR2=value2]")
     p.add_argument("--precompile", type=int, default=0, help="worker processes for compilation first")
     p.add_argument("--processes", type=int, default=1, help="repeat the sweep in N fresh processes; report medians")
     p.add_argument("--timing", default="wall", choices=("wall", "gpu"),
                    help="wall: do_bench of the call (host included); gpu: CUDA-graph device time of the kernels "
-                        "alone (use it for small shapes, where the call is host-bound: docs/kernel_notes.md, session 7)")
+                        "alone (use it for small shapes, where the call is host-bound)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    for cfgs, keys in ((args.fwd, FWD_KEYS), (args.bwd, BWD_KEYS)):
+        for cfg in cfgs:
+            try:
+                parse_config(cfg, keys)
+            except ValueError as e:
+                p.error(str(e))
     if not torch.cuda.is_available():
         raise SystemExit("tune_blocks needs a CUDA GPU: it times the Triton kernels' tile configs")
     if args.processes > 1:
         return _across_processes(list(sys.argv[1:] if argv is None else argv), args)
+    # the tiles swept here are the Triton kernels': keep the Gluon kernels (sm_90, D = 128) out of the timings
+    os.environ.setdefault("FLASHMASK_FWD", "triton")
+    os.environ.setdefault("FLASHMASK_BWD", "triton")
     jobs = _jobs(args)
     if args.precompile > 1:
         ctx = mp.get_context("spawn")
@@ -234,10 +243,10 @@ def main(argv=None):
         del inputs
         torch.cuda.empty_cache()
     for job in jobs:
-        label, _, _, kind, cfg = job
+        label, _, kind, cfg = job
         print(f"{label:8} {kind:6} {cfg:24} " + " ".join(f"{t:20.3f}" for t in times[job]), flush=True)
         rows.append(dict(variant=label, kind=kind, config=cfg, ms=dict(zip(args.masks, times[job]))))
-    for kind in ("fwd", "bwd-d", "bwd-a"):
+    for kind in ("fwd", "bwd"):
         cand = [r for r in rows if r["kind"] == kind and r["variant"] == "new"]
         if cand:
             best = min(cand, key=lambda r: sum(r["ms"].values()))
