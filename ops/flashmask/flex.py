@@ -136,9 +136,9 @@ def _block_mask_for(sri: torch.Tensor, causal: bool, num_heads: int, block_size,
     (``torch.inference_mode``) have no version counter: built every call, never cached.
 
     Always runs eagerly (``torch.compiler.disable``): under ``torch.compile`` (e.g. compiled decoder layers) the
-    returned BlockMask's tensors become graph inputs. Traced instead, dynamo kept the first batch's cached
-    BlockMask as a constant of the graph and every later batch ran with it: wrong attention, silently (H200,
-    session 7: max |diff| 3.5-4.5 against FlashMask on 11 of 12 end-to-end packs, at one pack's cost each)."""
+    returned BlockMask's tensors become graph inputs. Traced, dynamo would keep the first batch's cached
+    BlockMask as a constant of the graph and every later batch would run with it: wrong attention, silently
+    (measured on an H200: max |diff| 3.5-4.5 against FlashMask on 11 of 12 end-to-end packs)."""
     global _last_block_mask
     if sri.is_inference():
         return flashmask_block_mask(sri, causal, num_heads=num_heads, block_size=block_size, seq_q=seq_q)

@@ -17,8 +17,9 @@ fp32 reference attention; ``same`` = the bf16 model with the PyTorch reference a
 Then ``max|alone_triton - gold| <= 2 * max|same - gold| + floor`` and
 ``max|packed_triton - gold| <= 2 * max|alone_triton - gold| + floor`` with ``floor = 1e-3 * max|gold|``.
 
-``test_llama_bf16_autocast`` pins a fixed bug: under ``torch.autocast`` the Llama's RoPE used to promote q/k to
-fp32 (fp32 cos/sin) while v stayed bf16. Set ``GPU_RESULTS_JSON=path`` to append the measured numbers.
+``test_llama_bf16_autocast`` pins that under ``torch.autocast`` the Llama's RoPE keeps q/k in the dtype of v
+(fp32 cos/sin would promote q/k to fp32 while v stays bf16). Set ``GPU_RESULTS_JSON=path`` to append the measured
+numbers.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Inside every test of ``tests/ops`` ``torch.empty`` / ``torch.empty_like`` return floating tensors filled
 with NaN (signed integer tensors with their most negative value, unsigned ones with their largest), so a kernel that leaves part of its output unwritten fails the
-comparison instead of passing on lucky zeros (METHOD.md: "poison the output").
+comparison instead of passing on lucky zeros ("poison the output").
 """
 
 import pytest

@@ -198,8 +198,8 @@ def test_block_mask_cache():
 
 def test_block_mask_cache_under_torch_compile():
     """The flex backend inside a compiled function (as in compiled decoder layers): each call follows its own
-    mask. The BlockMask cache used to be traced, and dynamo kept the first call's BlockMask as a graph constant,
-    so every later mask ran with it (wrong output, no error). The builder now runs eagerly (compiler.disable)."""
+    mask. A traced BlockMask cache would make dynamo keep the first call's BlockMask as a graph constant, so every
+    later mask would run with it (wrong output, no error): the builder runs eagerly (compiler.disable)."""
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
     s = 64

@@ -149,7 +149,7 @@ def test_forward_dispatch(monkeypatch):
 ])
 def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):
     """The launcher's cached-layout descriptor describes the same memory, box and layout as Gluon's own
-    ``TensorDescriptor.from_tensor`` over a view (the slower form it replaced), and refuses a strided tensor."""
+    ``TensorDescriptor.from_tensor`` over a view (a slower way to build it), and refuses a strided tensor."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

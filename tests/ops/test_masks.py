@@ -205,7 +205,7 @@ def test_builder_errors():
         M.sliding_window_mask(8, (2, 1), causal=True)
     with pytest.raises(ValueError, match="prefix_lengths"):
         M.prefix_lm_document_mask([3, 3], [1])
-    with pytest.raises(ValueError, match="non-negative ints"):  # a float length (was a TypeError)
+    with pytest.raises(ValueError, match="non-negative ints"):  # a float length: ValueError, not TypeError
         M.causal_document_mask([3.5, 2])
     with pytest.raises(ValueError, match=r"\(prompt_len, \[answer_len"):  # flat list instead of samples
         M.share_question_mask([[3, 2, 2]])
