@@ -3,7 +3,8 @@
 PaddleNLP logs through ``TensorBoardCallback`` / ``VisualDLCallback`` into ``logging_dir``; so do we, to
 ``logging_dir`` or ``output_dir/runs``: "tensorboard" writes TensorBoard events (``torch.utils.tensorboard``, extra
 ``tensorboard``), "visualdl" VisualDL records (``visualdl.LogWriter``, extra ``visualdl``) or, without VisualDL,
-TensorBoard events. Only global rank 0 writes.
+TensorBoard events. ``report_to`` unset is "visualdl", PaddleNLP's default; it writes nothing (with one warning)
+when neither package is installed. Only global rank 0 writes.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def setup_logging(rank: int = 0) -> None:
 
 
 def _report_targets(report_to: Any) -> set[str]:
-    if report_to is None:
-        return set()
+    if report_to is None:  # PaddleNLP's default logger
+        return {"visualdl"}
     if isinstance(report_to, str):
         report_to = [r.strip() for r in report_to.replace(",", " ").split()]
     targets = {str(r).lower() for r in report_to}
@@ -62,7 +63,7 @@ def writer_kinds(report_to: Any) -> list[str]:
             kinds.add("visualdl")
         elif _installed("tensorboard"):
             kinds.add("tensorboard")
-        else:
+        elif report_to is not None:  # unset: the default logger is skipped with a warning (MetricsLogger)
             raise ValueError("report_to visualdl needs VisualDL or TensorBoard, and neither is installed: "
                              "pip install 'paddlenlp-ext[visualdl]' (VisualDL records) or 'paddlenlp-ext[tensorboard]' "
                              "(TensorBoard events), or set report_to [] for no logger")
@@ -105,9 +106,12 @@ class MetricsLogger:
         if is_main:
             log_dir = getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
             kinds = writer_kinds(getattr(args, "report_to", None))
-            if "visualdl" in _report_targets(getattr(args, "report_to", None)) and "visualdl" not in kinds:
-                logger.warning("report_to visualdl: the visualdl package is not installed (pip install "
-                               "'paddlenlp-ext[visualdl]'); writing TensorBoard events to %s instead", log_dir)
+            report_to = getattr(args, "report_to", None)
+            if "visualdl" in _report_targets(report_to) and "visualdl" not in kinds:
+                what = "report_to visualdl" if report_to is not None else "report_to unset (PaddleNLP's default: visualdl)"
+                instead = f"writing TensorBoard events to {log_dir} instead" if kinds else "writing no event logs"
+                logger.warning("%s: the visualdl package is not installed (pip install 'paddlenlp-ext[visualdl]'); "
+                               "%s (report_to [] turns this off)", what, instead)
             for kind in kinds:
                 self.writers.append(_open_writer(kind, log_dir))
                 logger.info("%s -> %s", "VisualDL records" if kind == "visualdl" else "TensorBoard events", log_dir)

@@ -81,3 +81,28 @@ def test_yaml_config_without_pyyaml_names_the_package(monkeypatch, tmp_path):
     _hide(monkeypatch, "yaml")
     with pytest.raises(ValueError, match=r"sft.yaml: a YAML config needs PyYAML.*pip install pyyaml.*JSON"):
         PdArgumentParser._load_yaml(str(cfg))
+
+
+def test_report_to_unset_is_visualdl_and_falls_back_to_tensorboard_with_one_warning(make_args, monkeypatch,
+                                                                                   tmp_path, caplog):
+    """PaddleNLP's default logger is VisualDL; without the package, TensorBoard events and one warning."""
+    _hide(monkeypatch, "visualdl")
+    assert writer_kinds(None) == ["tensorboard"]
+    args = make_args(logging_dir=str(tmp_path / "logs"))
+    assert args.report_to is None
+    with caplog.at_level("WARNING", logger="paddlenlp_ext"):
+        metrics = MetricsLogger(args, max_steps=1)
+        metrics.log({"loss": 1.5}, step=1)
+        metrics.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "report_to unset" in warnings[0] and "TensorBoard" in warnings[0]
+    assert glob.glob(str(tmp_path / "logs" / "events.out.tfevents.*"))
+
+
+def test_report_to_unset_with_neither_package_writes_no_logs_and_no_error(make_args, monkeypatch, tmp_path):
+    _hide(monkeypatch, "visualdl", "tensorboard")
+    assert writer_kinds(None) == []
+    metrics = MetricsLogger(make_args(logging_dir=str(tmp_path / "logs")), max_steps=1)
+    metrics.log({"loss": 1.5}, step=1)
+    metrics.close()
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())

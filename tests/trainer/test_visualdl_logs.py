@@ -68,6 +68,6 @@ def test_without_visualdl_falls_back_to_tensorboard_with_one_warning(tmp_path, m
     assert not glob.glob(os.path.join(log_dir, "vdlrecords.*"))
 
 
-def test_report_to_unset_writes_no_logs(tmp_path):
+def test_report_to_unset_writes_visualdl_records_as_paddlenlp_does(tmp_path):
     log_dir = _write(tmp_path, None)
-    assert not os.path.exists(log_dir)
+    assert glob.glob(os.path.join(log_dir, "vdlrecords.*")) and not glob.glob(os.path.join(log_dir, "events.*"))
