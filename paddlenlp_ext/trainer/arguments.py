@@ -99,8 +99,8 @@ class TrainingArguments:
     logging_dir: Optional[str] = field(default=None, metadata=_help("TensorBoard dir; None = <output_dir>/runs."))
     report_to: Optional[List[str]] = field(default=None, metadata=_help(
         "Loggers: a list of 'tensorboard' (extra [tensorboard]), 'visualdl' (extra [visualdl]; without it, TensorBoard "
-        "events) or 'none'; null, [] or "
-        "'none' = no logger; unset = visualdl, as in PaddleNLP. Command line: --report_to tensorboard, "
+        "events) or 'none'; [] or 'none' = no logger; "
+        "unset (null) = visualdl, as in PaddleNLP. Command line: --report_to tensorboard, "
         "--report_to tensorboard,visualdl, --report_to '[\"tensorboard\"]' or --report_to []."))
     disable_tqdm: Optional[bool] = field(default=None, metadata=_help("Disable the progress bar."))
 
