@@ -8,8 +8,11 @@ Layout of one checkpoint (all ranks write into ``checkpoint-<step>.tmp``; rank 0
   DTensors (each rank writes its own ``__<rank>_0.distcp``).
 - ``scheduler.pt``: the LR scheduler's ``state_dict``.
 - ``rng_state_<rank>.pth``: python, numpy, torch CPU and CUDA generator states of that rank.
-- ``data_state_<rank>.pt``: data position (epoch and micro-batches consumed in that epoch, or an iterable
-  dataset's ``state_dict``).
+- ``data_state_<rank>.pt``: data position (epoch and micro-batches consumed in that epoch).
+
+These three pickles are read with ``torch.load(weights_only=True)`` (:func:`load_plain_pickle`): containers,
+numbers, strings, tensors and numpy's uint32 RNG key array, nothing else, so a checkpoint directory from
+elsewhere cannot run code on resume; one asking for any other global is refused naming the file.
 - ``trainer_state.json``: global step, epoch, log history (losses), max_steps.
 
 PaddleNLP writes ``model_state.pdparams``/``optimizer.pdopt``/``rng_state_*.pth``/``trainer_state.json``
@@ -256,6 +259,93 @@ def resolve_resume_path(resume_from_checkpoint: Any, output_dir: str | os.PathLi
     return path
 
 
+def _numpy_array_globals() -> list:
+    """What unpickling the numpy RNG state's key array (``ndarray`` of uint32) needs, under both of numpy's module
+    names (``numpy.core`` before 2.0, ``numpy._core`` since), so a checkpoint pickled under either loads."""
+    core = getattr(np, "_core", None) or np.core
+    reconstruct = core.multiarray._reconstruct
+    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
+            (reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_plain_pickle(path: str | os.PathLike) -> Any:
+    """``torch.load(path, weights_only=True)`` with numpy's uint32 array allowed: the plain types a checkpoint's
+    ``scheduler.pt``, ``rng_state_<rank>.pth`` and ``data_state_<rank>.pt`` hold (dicts, lists, tuples, numbers,
+    strings, None, tensors, the numpy RNG key array).
+
+    Raises ValueError naming the file and the globals its pickle asks for when it asks for anything else (a
+    pickle can call any function on load: ``os.system`` in a checkpoint from elsewhere would run on resume).
+    PaddleNLP and Hugging Face load these files with ``weights_only=False``.
+    """
+    import pickle
+
+    from torch import serialization
+
+    try:
+        with serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        try:
+            asked = ", ".join(serialization.get_unsafe_globals_in_checkpoint(path)) or "an unsupported object"
+        except Exception:  # not a torch zip file at all
+            asked = "an unsupported object"
+        raise ValueError(f"refusing to load {path}: its pickle asks for {asked}, which no checkpoint of this trainer "
+                         "holds (only numbers, strings, containers and tensors), and unpickling it could run code. "
+                         "Resume only checkpoints you wrote: delete this checkpoint directory, or start over with "
+                         "overwrite_output_dir true") from e
+
+
+# globals DCP's ``distcp/.metadata`` pickle names besides its own dataclasses and enums (torch 2.11-2.13)
+_DCP_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                         ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
+                         ("collections", "OrderedDict")}
+
+
+def check_dcp_metadata(distcp_dir: str | os.PathLike) -> None:
+    """Refuse a ``distcp/.metadata`` whose pickle names anything but DCP's metadata types.
+
+    ``torch.distributed.checkpoint`` reads that file with a plain ``pickle.load`` (torch 2.13); here it is first
+    unpickled by a restricted unpickler that resolves only DCP's dataclasses and enums, torch dtypes, ``torch.Size``,
+    torch's layout lookup and ``pathlib`` paths, so a crafted checkpoint is refused before DCP unpickles it.
+    Raises ValueError naming the file and the global it asked for.
+    """
+    import dataclasses
+    import enum
+    import importlib
+    import pickle
+
+    meta = Path(distcp_dir) / ".metadata"
+    if not meta.is_file():
+        return  # DCP reports a missing file itself
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            obj = None
+            if (module, name) in _DCP_METADATA_GLOBALS:
+                obj = getattr(importlib.import_module(module), name)
+            elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                obj = getattr(torch, name)
+            elif module.startswith("torch.distributed.checkpoint.") and "." not in name:
+                found = getattr(importlib.import_module(module), name, None)
+                if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
+                    obj = found
+            if obj is None:
+                raise ValueError(f"refusing to load {meta}: its pickle asks for {module}.{name}, which no "
+                                 "torch.distributed.checkpoint metadata holds, and unpickling it could run code. "
+                                 "Resume only checkpoints you wrote: delete this checkpoint directory, or start "
+                                 "over with overwrite_output_dir true")
+            return obj
+
+    with open(meta, "rb") as f:
+        try:
+            Restricted(f).load()
+        except ValueError:
+            raise
+        except Exception as e:
+            raise ValueError(f"{meta} is not a readable torch.distributed.checkpoint metadata file ({e}); delete "
+                             "this checkpoint directory, or start over with overwrite_output_dir true") from e
+
+
 def _rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -366,12 +456,20 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     (written with a smaller world size): a warning is issued, RNG is not restored and the caller falls back to
     the epoch / micro-batch count of ``trainer_state.json``. Model and optimizer states reshard through DCP.
     Raises ValueError when ``path`` is not a checkpoint directory, or holds the state of another model or
-    parameter set (e.g. a full fine-tune's checkpoint resumed by a LoRA run).
+    parameter set (e.g. a full fine-tune's checkpoint resumed by a LoRA run), or when one of its pickles asks for
+    more than plain types (:func:`load_plain_pickle`; checked before anything is loaded).
     """
     path = Path(path)
     if not (path / TRAINER_STATE).is_file() or not (path / "distcp").is_dir():
         raise ValueError(f"{path} is not a complete checkpoint (needs {TRAINER_STATE} and distcp/)")
     rank = _rank()
+    # the pickles first: a refused one (load_plain_pickle) stops the resume before any weight is touched
+    scheduler_state = load_plain_pickle(path / "scheduler.pt")
+    rng_file, data_file = path / f"rng_state_{rank}.pth", path / f"data_state_{rank}.pt"
+    rng_state = data_state = None
+    if rng_file.is_file() and data_file.is_file():
+        rng_state, data_state = load_plain_pickle(rng_file), load_plain_pickle(data_file)
+    check_dcp_metadata(path / "distcp")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     with warnings.catch_warnings():
@@ -386,14 +484,11 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
                 "another run (e.g. full fine-tuning vs LoRA, another model). Use another output_dir, set "
                 "overwrite_output_dir true to start over, or name the right resume_from_checkpoint") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    scheduler.load_state_dict(scheduler_state)
     trainer_state = json.loads((path / TRAINER_STATE).read_text())
-    rng_file, data_file = path / f"rng_state_{rank}.pth", path / f"data_state_{rank}.pt"
-    if rng_file.is_file() and data_file.is_file():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
-        data_state = torch.load(data_file, weights_only=False)
+    if rng_state is not None:
+        _set_rng_state(rng_state)
     else:
         warnings.warn(f"{path} has no RNG/data state for rank {rank} (saved with another world size?); "
                       "the data position comes from trainer_state.json (rank 0's count) and RNG is not restored")
-        data_state = None
     return trainer_state, data_state

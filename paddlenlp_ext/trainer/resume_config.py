@@ -5,7 +5,9 @@
   with another ``learning_rate`` (or ``weight_decay``, ``adam_beta*``, ``adam_epsilon``, ``lora_plus_scale``) kept
   the checkpoint's values. PaddleNLP's optimizer and LR scheduler states hold no such values
   (``paddle.optimizer.lr.LRScheduler.state_dict``: ``last_epoch``, ``last_lr``), so there the config's values
-  apply on resume; so they do here, logged.
+  apply on resume; so they do here, logged. The learning rate of every resumed step is this run's schedule's
+  (a larger ``max_steps`` resumes at the new schedule's value, not the 0 a finished decay left), logged when it
+  differs from the checkpoint's.
 - :func:`convert_data_position`: the saved "micro-batches into the epoch" counts micro-batches of the
   checkpoint's ``per_device_train_batch_size`` x data-parallel size; it is re-expressed in this run's shape (HF and
   PaddleNLP skip ``count`` micro-batches of the NEW size: unseen packs skipped, or seen ones repeated). A train set
@@ -21,6 +23,7 @@ Used by :meth:`paddlenlp_ext.trainer.trainer.Trainer._load_checkpoint`.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -98,18 +101,21 @@ def hyperparameters(optimizer, scheduler) -> tuple[list[dict[str, Any]], list[fl
 
 
 def reapply_hyperparameters(optimizer, scheduler, configured: tuple[list[dict[str, Any]], list[float]]) -> list[str]:
-    """Put ``configured`` (:func:`hyperparameters` before the load) back after a checkpoint load.
+    """Put ``configured`` (:func:`hyperparameters` before the load) back after a checkpoint load, and set every
+    param group's learning rate to THIS run's schedule at the restored step.
 
-    The current learning rate is recomputed for the restored step (``base_lr * lr_lambda(last_epoch)``, as
-    ``LambdaLR`` does). Returns the config keys that differed from the checkpoint's (logged), [] when none did.
+    ``optimizer.load_state_dict`` restores each group's ``lr`` as the checkpoint's schedule left it: after a run
+    resumed with a larger ``max_steps`` (another ``warmup_*`` or ``lr_scheduler_type``), the first resumed step
+    trained at the old schedule's value (0 at the end of a decaying one). The rate is recomputed as ``LambdaLR``
+    does (``base_lr * lr_lambda(last_epoch)``). Returns the config keys that differed from the checkpoint's, plus
+    ``"schedule"`` when the recomputed rate differs from the restored one (both logged); [] when nothing changed.
     """
     groups, base_lrs = configured
     restored_groups, restored_base = hyperparameters(optimizer, scheduler)
     changed = {_HYPER_KEYS[k] for want, got in zip(groups, restored_groups) for k in want if want[k] != got.get(k)}
     if base_lrs != restored_base:
         changed.add("learning_rate")
-    if not changed:
-        return []
+    restored_lrs = [float(g["lr"]) for g in optimizer.param_groups]
     for group, want in zip(optimizer.param_groups, groups):
         group.update(want)
     scheduler.base_lrs = list(base_lrs)
@@ -117,8 +123,14 @@ def reapply_hyperparameters(optimizer, scheduler, configured: tuple[list[dict[st
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
     scheduler._last_lr = lrs
-    logger.info("resuming with this run's %s (the checkpoint's differ; PaddleNLP's rule): learning rate now %g",
-                ", ".join(sorted(changed)), lrs[0])
+    if changed:
+        logger.info("resuming with this run's %s (the checkpoint's differ; PaddleNLP's rule): learning rate now %g",
+                    ", ".join(sorted(changed)), lrs[0])
+    elif not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(lrs, restored_lrs)):
+        changed.add("schedule")
+        logger.info("the learning-rate schedule changed on resume (max_steps, warmup or lr_scheduler_type): step %d "
+                    "trains at lr %g, this run's schedule at that step (the checkpoint's schedule was at %g)",
+                    scheduler.last_epoch + 1, lrs[0], restored_lrs[0])
     return sorted(changed)
 
 
