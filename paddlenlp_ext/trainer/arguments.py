@@ -218,12 +218,17 @@ class TrainingArguments:
         "output_dir, as PaddleNLP's Trainer.train; false = do not resume (start at step 0); null = the default "
         "(a rerun resumes the latest checkpoint)."))
     ignore_data_skip: bool = field(default=False, metadata=_help("On resume, do not skip already-seen data."))
-    load_best_model_at_end: bool = field(default=False, metadata=inert("no best-model tracking",
-                                                                       help="Reload the best checkpoint at the end."))
-    metric_for_best_model: Optional[str] = field(default=None, metadata=inert("no best-model tracking",
-                                                                             help="Metric for the best model."))
-    greater_is_better: Optional[bool] = field(default=None, metadata=inert("no best-model tracking",
-                                                                           help="Direction of the best metric."))
+    load_best_model_at_end: bool = field(default=False, metadata=_help(
+        "Track the best evaluation (metric_for_best_model) and end with that checkpoint's weights: the final model "
+        "or adapter is the best checkpoint's, which save_total_limit never deletes. Needs evaluation_strategy == "
+        "save_strategy (and save_steps a multiple of eval_steps), as in Hugging Face and PaddleNLP."))
+    metric_for_best_model: Optional[str] = field(default=None, metadata=_help(
+        "Evaluation metric that picks the best checkpoint, with or without its eval_ prefix (loss, accuracy, "
+        "perplexity, bleu4, rouge_l, exact_match, rewards/accuracies, ...); default loss with "
+        "load_best_model_at_end."))
+    greater_is_better: Optional[bool] = field(default=None, metadata=_help(
+        "Whether a larger metric_for_best_model is better; unset = false for names ending in loss or perplexity "
+        "(Hugging Face's rule, plus perplexity), else true."))
 
     # runtime
     seed: int = field(default=42, metadata=_help("Seed for init, dropout and data shuffling."))
@@ -314,6 +319,34 @@ class TrainingArguments:
                            "'no' to save none", self.save_total_limit)
         if self.eval_steps is None:
             self.eval_steps = self.logging_steps  # PaddleNLP: eval_steps falls back to logging_steps
+        self._check_best_model_keys()
+
+    def _check_best_model_keys(self) -> None:
+        """Hugging Face's / PaddleNLP's ``load_best_model_at_end`` rules (their error texts), plus a warning when
+        nothing is evaluated nor saved (PaddleNLP's FlashMask configs set it with both strategies "no": nothing
+        to choose from, so the last step's model is the final one, as PaddleNLP does silently)."""
+        from .best_model import lower_is_better
+
+        if self.metric_for_best_model is None and self.load_best_model_at_end:
+            self.metric_for_best_model = "loss"
+        if self.greater_is_better is None and self.metric_for_best_model is not None:
+            self.greater_is_better = not lower_is_better(self.metric_for_best_model)
+        if not self.load_best_model_at_end:
+            return
+        if self.evaluation_strategy != self.save_strategy:
+            raise ArgumentsError(type(self).__name__, [
+                f"load_best_model_at_end requires the save and eval strategy to match, but found evaluation_strategy="
+                f"{self.evaluation_strategy!r}, save_strategy={self.save_strategy!r}: set both to 'steps' (or "
+                "'epoch'), or load_best_model_at_end false"])
+        if self.evaluation_strategy == "steps" and self.save_steps % self.eval_steps != 0:
+            raise ArgumentsError(type(self).__name__, [
+                f"load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps, "
+                f"but found save_steps={self.save_steps}, which is not a round multiple of eval_steps="
+                f"{self.eval_steps}: every saved checkpoint must have been evaluated"])
+        if self.evaluation_strategy == "no" and not (self.benchmark or self.autotuner_benchmark):
+            logger.warning("load_best_model_at_end=true with evaluation_strategy and save_strategy 'no': nothing is "
+                           "evaluated or saved to choose from, so the final model is the last step's; set both to "
+                           "'steps' (with do_eval and a dev set) to keep the best checkpoint")
 
     @property
     def sharding_stage(self) -> int:

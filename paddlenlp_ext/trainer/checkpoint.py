@@ -363,7 +363,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler, trainer_state: dict[str, Any],
-                    data_state: dict[str, Any], save_total_limit: int | None = None) -> Path:
+                    data_state: dict[str, Any], save_total_limit: int | None = None,
+                    keep: str | os.PathLike | None = None) -> Path:
     """Write ``output_dir/checkpoint-<step>`` atomically; collective when torch.distributed is initialised.
 
     Args:
@@ -372,6 +373,8 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
         save_total_limit: keep at most this many checkpoints of steps <= ``step`` (oldest removed), only after the
             new one is in place; checkpoints of later steps (an abandoned run resumed from an earlier checkpoint)
             are left alone.
+        keep: a checkpoint rotation never removes (the best one, ``load_best_model_at_end``); it counts toward
+            ``save_total_limit`` unless the limit is 1, where it is kept beside the newest (Hugging Face's rule).
 
     Returns the final checkpoint path. On any error the temporary directory is removed (best effort) and the
     exception re-raised, so no half-written ``checkpoint-<step>`` ever exists and older checkpoints are untouched.
@@ -382,7 +385,8 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
     """
     out = Path(output_dir)
     try:
-        return _save_checkpoint(out, step, model, optimizer, scheduler, trainer_state, data_state, save_total_limit)
+        return _save_checkpoint(out, step, model, optimizer, scheduler, trainer_state, data_state, save_total_limit,
+                                keep)
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
         reraise_interrupt(e)
         failure = write_failure(e)
@@ -404,7 +408,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: torch.nn.Mo
 
 
 def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, trainer_state, data_state,
-                     save_total_limit) -> Path:
+                     save_total_limit, keep=None) -> Path:
     final = out / f"{PREFIX}-{step}"
     tmp = out / f"{PREFIX}-{step}.tmp"
     rank = _rank()
@@ -442,10 +446,29 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, trainer_
         # rotate among this run's steps only: after a resume from an earlier checkpoint, a later-step one left by
         # the abandoned run sorted last, so the checkpoint just written was the one removed (and a rerun resumed
         # the abandoned run); later-step checkpoints stay until this run overwrites them
-        for old_ckpt in [c for c in list_checkpoints(out) if checkpoint_step(c) <= step][:-save_total_limit]:
+        mine = [c for c in list_checkpoints(out) if checkpoint_step(c) <= step]
+        kept = Path(keep).name if keep else None
+        others = [c for c in mine if c.name != kept]
+        newest = max(save_total_limit - (1 if kept and len(others) < len(mine) else 0), 1)
+        for old_ckpt in others[:-newest]:
             shutil.rmtree(old_ckpt, ignore_errors=True)
     _barrier()
     return final
+
+
+def load_model_weights(path: str | os.PathLike, model: torch.nn.Module) -> None:
+    """Load only the model weights of checkpoint ``path`` (``distcp/``) into ``model``; collective when
+    torch.distributed is initialised (FSDP shards and TP DTensors reshard through DCP). The optimizer is left as
+    it is. Used to end a run on its best checkpoint (``load_best_model_at_end``)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    path = Path(path)
+    check_dcp_metadata(path / "distcp")
+    state = {"model": get_model_state_dict(model)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(state, checkpoint_id=str(path / "distcp"))
+    set_model_state_dict(model, state["model"])
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -476,9 +476,13 @@ def used_splits(training_args) -> list[str]:
 
 
 def train_summary(result: dict) -> dict:
-    """The summary fields of ``Trainer.train``'s result (loss and tokens/s are None when nothing trained)."""
-    return dict(global_step=result["global_step"], train_loss=result["train_loss"],
-                train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+    """The summary fields of ``Trainer.train``'s result (loss and tokens/s are None when nothing trained), plus
+    ``best_model_checkpoint`` / ``best_metric`` / ``best_global_step`` when the run ended on its best checkpoint
+    (``load_best_model_at_end``)."""
+    out = dict(global_step=result["global_step"], train_loss=result["train_loss"],
+               train_tokens_per_sec=result["tokens_per_sec"], train_runtime_s=result["train_runtime"])
+    out.update(result.get("best") or {})
+    return out
 
 
 def finish(summary: dict, trainer, start: float) -> dict:

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from . import best_model
 from . import checkpoint as ckpt
 from .logging_utils import MetricsLogger
 from .loss import count_label_tokens, count_real_tokens, sft_loss
@@ -58,6 +59,10 @@ class TrainerState:
     # what decides the data order (resume_config.data_order: seed, dataloader_shuffle, the launcher's data keys);
     # {} = unknown (a checkpoint from before it was saved): a resume that changes one is warned
     data_order: dict[str, Any] = field(default_factory=dict)
+    # load_best_model_at_end / metric_for_best_model (best_model.py; Hugging Face's names)
+    best_metric: float | None = None
+    best_model_checkpoint: str | None = None
+    best_global_step: int | None = None
 
 
 def _default_collator(items):
@@ -332,6 +337,7 @@ class Trainer:
         args = self.args
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs train_dataset")
+        best_model.check_can_track(self)
         max_steps = self.compute_max_steps()
         self.create_optimizer_and_scheduler(max_steps)
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(
@@ -359,6 +365,7 @@ class Trainer:
         eval_before = None
         if evaluate_first and self.eval_dataset is not None and self.state.global_step < max_steps:
             eval_before = self.evaluate()  # the model as resumed, before any new step (none of its time is timed)
+            best_model.check_metric(args, eval_before)
         metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
         stream = self._micro_batch_stream()
         window = _Window(self.device)
@@ -390,6 +397,7 @@ class Trainer:
                              step, epoch_done) and self.eval_dataset is not None:
                     with window.paused():  # eval time stays out of tokens/s and train_runtime
                         eval_metrics = self.evaluate(log=False)
+                    best_model.check_metric(args, eval_metrics)
                     self.state.log_history.append({"step": step, **eval_metrics})
                     metrics_logger.log(eval_metrics, step, prefix="eval")
                 if self._due(getattr(args, "save_strategy", "steps"), args.save_steps, step, epoch_done):
@@ -397,6 +405,7 @@ class Trainer:
                         self.save_checkpoint()
         finally:
             metrics_logger.close()
+        best = best_model.load_best(self)  # the final export is the best checkpoint's weights
         # train_runtime: time inside optimizer steps (eval and checkpoint writes excluded)
         # None (not 0.0) when this call trained nothing (a resumed run already at max_steps)
         result = {"global_step": self.state.global_step, "train_runtime": train_time,
@@ -404,6 +413,7 @@ class Trainer:
                   "tokens_per_sec": total_tokens * self.dp.size / train_time if train_time > 0 else None}
         logger.info("training done: %s", json.dumps(result))
         result["eval_before"] = eval_before
+        result["best"] = best
         return result
 
     def _epochs_completed(self, per_epoch: int | None) -> int:
@@ -492,9 +502,13 @@ class Trainer:
         self.state.train_packs = map_len(self.train_dataset)
         self.state.data_order = data_order(self.args, self.data_keys)
         data_state = {"epoch": self.state.epoch, "micro_batches_in_epoch": self.state.micro_batches_in_epoch}
+        target = os.path.join(self.args.output_dir, f"{ckpt.PREFIX}-{self.state.global_step}")
+        best_model.record_checkpoint(self.state, self.args, self.last_eval, target)
         path = ckpt.save_checkpoint(self.args.output_dir, self.state.global_step, self.model, self.optimizer,
                                     self.lr_scheduler, asdict(self.state), data_state,
-                                    getattr(self.args, "save_total_limit", None))
+                                    getattr(self.args, "save_total_limit", None),
+                                    keep=best_model.best_checkpoint_path(self.state, self.args.output_dir) or
+                                    self.state.best_model_checkpoint)
         logger.info("saved checkpoint %s", path)
         if self.dp.is_main:
             ckpt.drop_previous_run(self.args.output_dir)  # overwrite_output_dir's old run: this one has saved now
