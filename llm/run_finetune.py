@@ -9,9 +9,10 @@ Like PaddleNLP, an ``output_dir`` holding ``checkpoint-<step>`` directories resu
 
 Ours only (section ``ChatArgument``, documented in the README): ``chat_after_train`` (default true),
 ``chat_prompt`` and ``chat_max_new_tokens`` print one greedy chat reply of the fine-tuned model at the end.
-With ``do_eval`` the dev loss is measured before and after training ("before": the model as resumed, once a
-checkpoint has loaded). A summary (wall time, train tokens/s, dev loss before/after, output directory) is printed
-last.
+With ``do_eval`` the dev metrics (loss, token accuracy, perplexity; exact match, BLEU-4 and ROUGE-L of generated
+answers with ``eval_with_do_generation``) are measured before and after training ("before": the model as resumed,
+once a checkpoint has loaded). A summary (wall time, train tokens/s, dev metrics before/after, the best checkpoint
+with ``load_best_model_at_end``, output directory) is printed last.
 """
 
 from __future__ import annotations
@@ -94,6 +95,29 @@ def build_model(model_args, training_args):
     return model
 
 
+def sft_metrics(data_args, training_args, tokenizer, has_dev: bool):
+    """The Trainer's ``compute_metrics``: perplexity, plus generation scores over the first
+    ``eval_generation_max_examples`` dev records with ``eval_with_do_generation`` (``generation_eval``)."""
+    from paddlenlp_ext.trainer.generation_eval import SFTMetrics, dev_prompts
+
+    records = None
+    if data_args.eval_with_do_generation and has_dev:
+        from paddlenlp_ext.datasets.jsonl import sft_data_files
+
+        files = sft_data_files(data_args.dataset_name_or_path).get("dev", [])
+        records = dev_prompts(files, tokenizer, data_args.eval_generation_max_examples, data_args.src_length)
+    elif data_args.eval_with_do_generation:
+        logger.warning("eval_with_do_generation=true but no evaluation reads a dev split: nothing is generated")
+    new_tokens = data_args.eval_generation_max_new_tokens or data_args.max_length - data_args.src_length
+    return SFTMetrics(records, tokenizer, new_tokens, training_args.per_device_eval_batch_size,
+                      training_args.output_dir)
+
+
+def _dev_metrics(metrics: dict) -> dict:
+    """``eval_*`` metrics without the prefix, rounded for the summary line."""
+    return {k[len("eval_"):]: round(v, 5) for k, v in metrics.items() if k.startswith("eval_")}
+
+
 def main(argv=None) -> dict:
     """Run the SFT job; returns the summary dict it prints."""
     start = time.perf_counter()
@@ -164,7 +188,8 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
                         "tensor_parallel_degree)", step, data_args.pad_to_multiple_of)
     trainer = Trainer(model, training_args, train_dataset=train_ds, eval_dataset=dev_ds,
                       data_collator=make_sft_collator(data_args, tokenizer), tokenizer=tokenizer,
-                      parallel_dims=parallel_dims)
+                      parallel_dims=parallel_dims, compute_metrics=sft_metrics(data_args, training_args, tokenizer,
+                                                                               dev_ds is not None))
     trainer.optimizer = lora_plus_optimizer(trainer.model, model_args, training_args, model_args.lora)
     trainer.data_keys = data_keys(data_args)  # recorded in checkpoints: a resume that reorders the data is warned
 
@@ -180,6 +205,7 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
         result = trainer.train(resume_from_checkpoint=resume, evaluate_first=do_eval)
         if result["eval_before"] is not None:
             summary["dev_loss_before"] = result["eval_before"]["eval_loss"]
+            summary["dev_before"] = _dev_metrics(result["eval_before"])
         summary.update(train_summary(result))
         if keep_final_model(result, training_args.output_dir, model_args.lora):
             # resumed at max_steps and a final model is there: keep it (it may be newer than the checkpoint)
@@ -204,7 +230,8 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
         fresh = (trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step
                  and training_args.do_train)
         # an evaluation at the last step (eval_steps) already measured the final model
-        summary["dev_loss_after"] = (trainer.last_eval[1] if fresh else trainer.evaluate())["eval_loss"]
+        after = trainer.last_eval[1] if fresh else trainer.evaluate()
+        summary["dev_loss_after"], summary["dev_after"] = after["eval_loss"], _dev_metrics(after)
     if chat_args.chat_after_train and not is_distributed():
         from paddlenlp_ext.transformers.generation import chat
 

@@ -495,9 +495,17 @@ class DataArgument:
     tgt_length: Optional[int] = field(default=None, metadata=_help(
         "finetune_generation.py's answer budget: sets max_length = src_length + tgt_length when max_length is "
         "unset."))
-    eval_with_do_generation: bool = field(default=False, metadata=inert("no generation during eval",
-                                                                        help="Generate during evaluation."))
-    save_generation_output: bool = field(default=False, metadata=inert("no generation during eval", help="."))
+    eval_with_do_generation: bool = field(default=False, metadata=_help(
+        "Each evaluation also answers the first eval_generation_max_examples dev prompts greedily (batched, "
+        "left-padded, KV cache) and reports exact_match, bleu4 and rouge_l; the answers go to "
+        "<output_dir>/eval_predictions/step-<N>.jsonl. Off by default: an evaluation is one loss pass."))
+    save_generation_output: bool = field(default=False, metadata=inert(
+        "with eval_with_do_generation the answers are always written (eval_predictions/)", help="."))
+    eval_generation_max_examples: int = field(default=64, metadata=_help(
+        "Ours: dev records answered per evaluation with eval_with_do_generation (the first N in file order)."))
+    eval_generation_max_new_tokens: Optional[int] = field(default=None, metadata=_help(
+        "Ours: answer length cap with eval_with_do_generation; default max_length - src_length (PaddleNLP's "
+        "target length)."))
     lazy: bool = field(default=False, metadata=_help("Stream and pack on the fly (IterableDataset); needs max_steps."))
     chat_template: Optional[str] = field(default=None, metadata=_help(
         "None = the tokenizer's template; 'none' = no template; a dir (<dir>/chat_template.jinja or "
@@ -527,6 +535,10 @@ class DataArgument:
                 f"answer has room")
         e.check(self.pad_to_multiple_of is None or self.pad_to_multiple_of >= 1,
                 f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}")
+        e.check(self.eval_generation_max_examples >= 1,
+                f"eval_generation_max_examples must be >= 1, got {self.eval_generation_max_examples}")
+        e.check(self.eval_generation_max_new_tokens is None or self.eval_generation_max_new_tokens >= 1,
+                f"eval_generation_max_new_tokens must be >= 1 (or null), got {self.eval_generation_max_new_tokens}")
         e.raise_if_any(type(self).__name__)
 
 

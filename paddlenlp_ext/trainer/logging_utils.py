@@ -19,6 +19,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 logger = logging.getLogger("paddlenlp_ext.trainer")
 
+# evaluation metrics shown on the progress bar (all of them go to the log line and TensorBoard)
+_BAR_EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_bleu4", "eval_rouge_l", "eval_exact_match",
+                  "eval_rewards/accuracies")
+
 
 def setup_logging(rank: int = 0) -> None:
     """Configure ``paddlenlp_ext`` loggers: INFO on rank 0, WARNING elsewhere (idempotent)."""
@@ -102,6 +106,8 @@ class MetricsLogger:
 
     def __init__(self, args, max_steps: int, initial_step: int = 0, is_main: bool = True):
         self.is_main = is_main
+        self._train_postfix: dict[str, str] = {}
+        self._eval_postfix: dict[str, str] = {}
         self.writers = []
         if is_main:
             log_dir = getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
@@ -132,10 +138,14 @@ class MetricsLogger:
         ``<prefix>_`` is dropped: ``eval_loss`` is written as ``eval/loss``, as Hugging Face and PaddleNLP do)."""
         if not self.is_main:
             return
-        if prefix == "train" and not self.bar.disable:
-            short = {k: v for k, v in metrics.items() if k in ("loss", "lr", "tokens_per_sec")}
-            self.bar.set_postfix({k: (f"{v:.3e}" if k == "lr" else f"{v:.4f}" if k == "loss" else f"{v:.0f}")
-                                  for k, v in short.items()}, refresh=False)
+        if prefix == "eval":  # the latest evaluation stays on the bar beside the training numbers
+            self._eval_postfix = {k: f"{v:.4g}" for k, v in metrics.items() if k in _BAR_EVAL_KEYS}
+        if not self.bar.disable and (prefix == "train" or self._eval_postfix):
+            if prefix == "train":
+                short = {k: v for k, v in metrics.items() if k in ("loss", "lr", "tokens_per_sec")}
+                self._train_postfix = {k: (f"{v:.3e}" if k == "lr" else f"{v:.4f}" if k == "loss" else f"{v:.0f}")
+                                       for k, v in short.items()}
+            self.bar.set_postfix({**self._train_postfix, **self._eval_postfix}, refresh=False)
         text = ", ".join(f"{k}: {v:.6g}" for k, v in metrics.items())
         if prefix != "train" or self.bar.disable:
             logger.info("[%s] step %d: %s", prefix, step, text)

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import best_model
 from . import checkpoint as ckpt
 from .logging_utils import MetricsLogger
+from .eval_metrics import sft_eval_loss
 from .loss import count_label_tokens, count_real_tokens, sft_loss
 from .mixed_precision import MasterWeights, precision_mode
 from .optimization import build_lr_scheduler, build_optimizer
@@ -87,14 +88,19 @@ class Trainer:
         tokenizer: saved next to the final model by ``save_model``.
         parallel_dims: ``paddlenlp_ext.distributed.ParallelDims`` or None (one process).
 
+    ``compute_metrics``: ``(trainer, eval_metrics) -> {name: float}``, called on every rank at the end of
+    ``evaluate`` with its ``eval_*`` results; what it returns is added with the ``eval_`` prefix (SFT:
+    ``generation_eval.SFTMetrics``: perplexity and generation scores).
+
     ``data_keys``: the data arguments that decide the train packs (``resume_config.data_keys(data_args)``, set by
     the launchers; ``{}`` by default), recorded in checkpoints with ``seed`` and ``dataloader_shuffle`` so that a
     resume that changes the data order is warned.
     """
 
     def __init__(self, model, args, train_dataset=None, eval_dataset=None, data_collator=None, tokenizer=None,
-                 parallel_dims=None):
+                 parallel_dims=None, compute_metrics=None):
         self.model, self.args, self.tokenizer = model, args, tokenizer
+        self.compute_metrics = compute_metrics
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.data_collator = data_collator or _default_collator
         self.parallel_dims = parallel_dims
@@ -215,7 +221,11 @@ class Trainer:
     # ---- subclass hooks ----------------------------------------------------------------------------------------
     def compute_loss(self, model, batch: dict[str, torch.Tensor]):
         """``(loss_sum, count, metrics)`` of one micro-batch: fp32 scalar sum, int scalar, dict of per-unit
-        sums (reported divided by the total count). SFT: summed token cross entropy (``loss.sft_loss``)."""
+        sums (reported divided by the total count). SFT: summed token cross entropy (``loss.sft_loss``); without
+        gradients (evaluation) also the correctly predicted supervised tokens, reported as ``accuracy``
+        (``eval_metrics.sft_eval_loss``)."""
+        if not torch.is_grad_enabled():
+            return sft_eval_loss(model, batch)
         return sft_loss(model, batch)
 
     def count_loss_units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -467,6 +477,8 @@ class Trainer:
             values[0] = float("nan")
         reduced = self.reduce_metrics(values[0], values[1], dict(zip(keys, values[2:])))
         result = {f"eval_{k}": v for k, v in reduced.items()}
+        if self.compute_metrics is not None:
+            result.update({f"eval_{k}": v for k, v in self.compute_metrics(self, dict(result)).items()})
         self.last_eval = (self.state.global_step, result)
         self.model.train(was_training)
         if log:

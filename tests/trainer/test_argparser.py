@@ -178,7 +178,7 @@ def test_inert_markers_are_declared_on_fields():
                 "eval_accumulation_steps", "autotuner_benchmark", "benchmark"):
         assert key in marked, key
     for key in ("zero_padding", "flash_mask", "learning_rate", "lora", "lazy", "max_length", "fp16_opt_level",
-                "load_best_model_at_end", "metric_for_best_model", "greater_is_better"):
+                "load_best_model_at_end", "metric_for_best_model", "greater_is_better", "eval_with_do_generation"):
         assert key not in marked, key
 
 

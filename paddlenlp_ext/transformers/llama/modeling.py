@@ -158,16 +158,17 @@ class LlamaDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def _check_inputs(input_ids, position_ids, sri):
+def _check_inputs(input_ids, position_ids, sri, cached: int = 0):
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
         raise ValueError(f"input_ids must be an integer tensor [batch, seq], got "
                          f"{getattr(input_ids, 'dtype', type(input_ids))} {list(getattr(input_ids, 'shape', []))}")
     if position_ids is not None and tuple(position_ids.shape) != tuple(input_ids.shape):
         raise ValueError(f"position_ids must have the shape of input_ids {list(input_ids.shape)}, "
                          f"got {list(position_ids.shape)}")
-    if sri is not None and (sri.dim() != 4 or sri.shape[0] != input_ids.shape[0] or sri.shape[2] != input_ids.shape[1]):
-        raise ValueError(f"attn_mask_startend_row_indices must be int32 [batch, 1, seq, C] matching input_ids "
-                         f"{list(input_ids.shape)}, got {list(sri.shape)}")
+    keys = cached + input_ids.shape[1]  # the key axis: the cached tokens, then these
+    if sri is not None and (sri.dim() != 4 or sri.shape[0] != input_ids.shape[0] or sri.shape[2] != keys):
+        raise ValueError(f"attn_mask_startend_row_indices must be int32 [batch, 1, keys, C] with keys = cached + "
+                         f"seq = {keys} for input_ids {list(input_ids.shape)}, got {list(sri.shape)}")
 
 
 class LlamaModel(nn.Module):
@@ -190,13 +191,15 @@ class LlamaModel(nn.Module):
             position_ids: int64 ``[B, L]``; default ``0..L-1`` per row (or continuing after ``kv_cache.seen``).
                 For packed batches pass the per-example positions (they restart at 0).
             attn_mask_startend_row_indices: int32 ``[B, 1, L, 1]`` FlashMask LTS (docs/design.md section 2) or
-                None for plain causal attention.
+                None for plain causal attention. With a ``kv_cache`` its key axis spans the cached tokens too
+                (``[B, 1, seen + L, C]``: a decode step passes the non-causal ``[LTS, UTE]`` of its one query, e.g.
+                to hide left padding, ``batch_generation.generate_batch``).
             kv_cache: inference cache (see :class:`KVCache`); None in training.
 
         Raises:
             ValueError: malformed shapes (message gives expected and actual).
         """
-        _check_inputs(input_ids, position_ids, attn_mask_startend_row_indices)
+        _check_inputs(input_ids, position_ids, attn_mask_startend_row_indices, kv_cache.seen if kv_cache else 0)
         bsz, seq = input_ids.shape
         if position_ids is None:
             start = kv_cache.seen if kv_cache is not None else 0
@@ -222,6 +225,8 @@ class LlamaForCausalLM(PretrainedMixin, nn.Module):
     ``to_empty(device=...)``, ``init_weights()`` (which re-ties embeddings). ``from_pretrained`` /
     ``save_pretrained`` come from :class:`~paddlenlp_ext.transformers.model_utils.PretrainedMixin`.
     """
+
+    kv_cache_key_mask = True  # with a KV cache, forward takes FlashMask vectors over the cached key columns
 
     config_class = LlamaConfig
 
