@@ -360,6 +360,13 @@ def resume_target(training_args, model_path: str | None = None):
 
     out = training_args.output_dir
     ckpts = list_checkpoints(out)
+    if training_args.overwrite_output_dir and ckpts and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        # the elastic agent restarted this worker group (launch --max_restarts): continue this run, do not start over
+        logger.warning("restart %s of the worker group: resuming at %s (overwrite_output_dir applies to the first "
+                       "attempt only)", os.environ["TORCHELASTIC_RESTART_COUNT"], ckpts[-1])
+        _RUN["overwrite"] = False
+        training_args.resume_from_checkpoint = str(ckpts[-1])  # and clear_previous_run leaves it in place
+        return str(ckpts[-1])
     if training_args.overwrite_output_dir:
         if model_path and os.path.isdir(model_path) and os.path.isdir(out) and os.path.samefile(model_path, out):
             raise ValueError(f"output_dir {out} is the model directory being fine-tuned (model_name_or_path): "
