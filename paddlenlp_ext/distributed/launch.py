@@ -169,6 +169,7 @@ def main(argv=None) -> int:
     os.environ.update(env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default: N processes would over-subscribe the cores
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # lines reach workerlog.N (and the terminal) as printed
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
@@ -196,6 +197,10 @@ def main(argv=None) -> int:
         restarts = f" after {args.max_restarts} restart(s)" if args.max_restarts else ""
         print(f"launch: rank {rank} {how}{restarts}; its log: {path}", file=sys.stderr)
         return status or 1
+    except SignalException as e:  # SIGTERM (Slurm's time limit, timeout): the agent has stopped the workers
+        print(f"launch: stopped by {signal.Signals(e.sigval).name}; rerun the same command to resume from the latest "
+              "checkpoint", file=sys.stderr)
+        return 128 + int(e.sigval)
     except KeyboardInterrupt:
         print("launch: interrupted; rerun the same command to resume from the latest checkpoint", file=sys.stderr)
         return 130
