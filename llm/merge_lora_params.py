@@ -36,6 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output_path", required=True,
                    help="directory for the merged model (neither --lora_path nor the base model's directory)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16: load, merge and save dtype")
+    p.add_argument("--model_implementation", default="auto", choices=["auto", "native", "transformers"],
+                   help="auto: native Llama / ERNIE-3.5-SE, transformers' code for other model types")
+    p.add_argument("--trust_remote_code", action="store_true",
+                   help="run the Python code of a model directory whose model_type transformers does not know")
     # PaddleNLP's flags, so its merge commands run unchanged
     p.add_argument("--device", default=None, choices=["gpu", "npu", "cpu"],
                    help="PaddleNLP's flag, accepted for compatibility: the merge always runs on the CPU")
@@ -130,7 +134,8 @@ def main(argv=None) -> int:
     from paddlenlp_ext.transformers.model_utils import atomic_save_dir
 
     print(f"[merge_lora_params] base {base} + adapter {args.lora_path} -> {out}", file=sys.stderr)
-    model, tokenizer = load_merged_lora(args.lora_path, base, args.dtype)
+    model, tokenizer = load_merged_lora(args.lora_path, base, args.dtype, model_implementation=args.model_implementation,
+                                        trust_remote_code=args.trust_remote_code)
     # disk full: one SaveError line naming the directory (run_cli prints it), the temporary directory removed
     with explain_write_errors(out, "the merged model", after="run merge_lora_params.py again"):
         with atomic_save_dir(out) as tmp:  # model and tokenizer appear together or not at all

@@ -119,17 +119,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (half precision is for GPUs: on the CPU it runs, slowly)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu | cuda | cuda:N (PaddleNLP's gpu means cuda)")
+    p.add_argument("--model_implementation", default="auto", choices=["auto", "native", "transformers"],
+                   help="auto: native Llama / ERNIE-3.5-SE, transformers' code for other model types")
+    p.add_argument("--trust_remote_code", action="store_true",
+                   help="run the Python code of a model directory whose model_type transformers does not know")
     p.add_argument("--num_threads", type=int, default=0,
                    help="CPU threads for torch (0: torch's default); 1 is much faster on a busy shared CPU")
     return p.parse_args(argv)
 
 
 def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str | None = None,
-                             lora_path: str | None = None):
+                             lora_path: str | None = None, **load_kwargs):
     """``(model, tokenizer)`` for a model directory / name, or for a LoRA adapter directory (base + merged adapter).
     ``tokenizer_name_or_path`` (optional) loads the tokenizer from there instead, e.g. for a model directory saved
     without tokenizer files (the loader's error for such a directory names this key). ``lora_path`` (PaddleNLP
-    predictor's flag): an adapter directory merged into ``path`` as its base.
+    predictor's flag): an adapter directory merged into ``path`` as its base. ``load_kwargs``
+    (``model_implementation``, ``trust_remote_code``) go to ``AutoModelForCausalLM.from_pretrained``.
 
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing.
@@ -143,7 +148,7 @@ def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str 
             raise FileNotFoundError(f"--lora_path {lora_path}: no {ADAPTER_CONFIG_NAME}; give a LoRA run's "
                                     "output_dir (PEFT adapter), or leave --lora_path out for a full model")
         print(f"[predict] merging the LoRA adapter {lora_path} into {path}", file=sys.stderr)
-        model, own = load_merged_lora(lora_path, path, dtype)
+        model, own = load_merged_lora(lora_path, path, dtype, **load_kwargs)
         return model, (own if tokenizer is None else tokenizer)
     if os.path.isfile(os.path.join(path, TRAINER_STATE)):
         raise ValueError(f"{path} is a training checkpoint (torch.distributed.checkpoint shards), not a model "
@@ -159,9 +164,9 @@ def load_model_and_tokenizer(path: str, dtype: str, tokenizer_name_or_path: str 
                              "and paddlenlp_ext.peft.load_lora yourself, or train with merge_weights: true")
         print(f"[predict] {path} is a LoRA adapter: loading its base {base} and merging the adapter",
               file=sys.stderr)
-        model, own = load_merged_lora(path, base, dtype)
+        model, own = load_merged_lora(path, base, dtype, **load_kwargs)
         return model, (own if tokenizer is None else tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **load_kwargs)
     return model, (AutoTokenizer.from_pretrained(path) if tokenizer is None else tokenizer)
 
 
@@ -414,7 +419,8 @@ def main(argv=None) -> int:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, args.dtype, args.tokenizer_name_or_path,
-                                                args.lora_path)
+                                                args.lora_path, model_implementation=args.model_implementation,
+                                                trust_remote_code=args.trust_remote_code)
     model = model.to(args.device)
     from paddlenlp_ext.transformers.vocab_check import check_tokenizer_fits_model
 

@@ -68,11 +68,17 @@ def build_model(model_args, training_args):
     from paddlenlp_ext.transformers import AutoConfig, AutoModelForCausalLM
 
     name = require_model_path(model_args)
+    impl = dict(model_implementation=model_args.model_implementation, trust_remote_code=model_args.trust_remote_code)
     if model_args.continue_training:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, recompute=training_args.recompute)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, recompute=training_args.recompute,
+                                                     **impl)
     else:
         logger.warning("continue_training=False: building %s from its config with random weights", name)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name, recompute=training_args.recompute))
+        config = AutoConfig.from_pretrained(name, recompute=training_args.recompute, **impl)
+        model = AutoModelForCausalLM.from_config(config, recompute=training_args.recompute)
+    from paddlenlp_ext.transformers.hf_causal_lm import check_native_only_keys
+
+    check_native_only_keys(model, training_args, name)
     if model_args.lora:
         try:
             from paddlenlp_ext.peft import apply_lora

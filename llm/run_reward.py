@@ -62,7 +62,17 @@ def _run(start, model_args, data_args, training_args) -> dict:
 
     name = model_args.model_name_or_path  # an ERNIE preset name builds a random trunk (as run_finetune/run_dpo)
     path = name if is_preset(name) else resolve_model_name_or_path(name)
-    model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
+    from paddlenlp_ext.trl.hf_reward_model import HFForScore, reward_model_class
+
+    cls = reward_model_class(path, model_args.model_implementation, model_args.trust_remote_code)
+    if cls is HFForScore:  # any transformers family: its *ForSequenceClassification
+        from paddlenlp_ext.transformers.hf_causal_lm import check_native_only_keys
+
+        model = HFForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute,
+                                           trust_remote_code=model_args.trust_remote_code)
+        check_native_only_keys(model, training_args, name)
+    else:
+        model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
     warn_if_longer_than_model(model, data_args, name)
     from paddlenlp_ext.transformers.vocab_check import check_tokenizer_fits_model
 

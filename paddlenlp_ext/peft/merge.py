@@ -21,10 +21,11 @@ def adapter_base_model(lora_path: str) -> str | None:
         return json.load(f).get("base_model_name_or_path") or None
 
 
-def load_merged_lora(lora_path: str, base: str, dtype="float32"):
+def load_merged_lora(lora_path: str, base: str, dtype="float32", **load_kwargs):
     """``(model, tokenizer)``: ``base`` loaded in ``dtype`` with the adapter of ``lora_path`` folded in
     (:func:`load_lora` + :func:`merge_lora`: ``W + scaling * B @ A`` in fp32, rounded once to ``dtype``).
-    The tokenizer comes from ``lora_path`` when it holds tokenizer files, else from ``base``.
+    The tokenizer comes from ``lora_path`` when it holds tokenizer files, else from ``base``. ``load_kwargs``
+    (``model_implementation``, ``trust_remote_code``) go to ``AutoModelForCausalLM.from_pretrained``.
 
     Raises:
         FileNotFoundError / ValueError: from the loaders, naming the directory and what is missing or mismatched.
@@ -50,6 +51,6 @@ def load_merged_lora(lora_path: str, base: str, dtype="float32"):
             "(base_model_name_or_path) is not a local directory (moved or deleted?). Give the base explicitly "
             "(llm/merge_lora_params.py --model_name_or_path <base dir>), or set base_model_name_or_path in that file "
             "to where the base model is now")
-    model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), lora_path))
+    model = merge_lora(load_lora(AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **load_kwargs), lora_path))
     has_tok = any(os.path.isfile(os.path.join(lora_path, f)) for f in TOKENIZER_FILES)
     return model, AutoTokenizer.from_pretrained(lora_path if has_tok else base)

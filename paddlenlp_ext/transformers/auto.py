@@ -69,7 +69,7 @@ def resolve_model_name_or_path(name_or_path: str) -> str:
         return convert_smollm2(default_cache_dir())
     raise ValueError(f"model_name_or_path {name!r} is neither a local directory nor the embedded default model "
                      f"{SMOLLM2_NAMES[0]!r}. There are no hub downloads: point model_name_or_path at a local "
-                     f"Hugging Face Llama directory (config.json + model.safetensors + tokenizer.json), e.g. one "
+                     f"Hugging Face causal LM directory (config.json + model.safetensors + tokenizer.json), e.g. one "
                      f"written by transformers' save_pretrained.")
 
 
@@ -91,53 +91,129 @@ def _model_class(model_type: str, config_file: str = "config.json"):
         from .ernie35 import Ernie35ForCausalLM
 
         return Ernie35ForCausalLM
-    raise ValueError(f"{config_file}: model_type {model_type!r} is not supported; supported: 'llama' (Llama-architecture "
-                     "models such as Llama 3 or SmolLM2) and 'ernie' (ERNIE-3.5-SE)")
+    raise ValueError(f"{config_file}: model_type {model_type!r} has no native model ('llama', 'ernie')")
+
+
+NATIVE_MODEL_TYPES = ("llama", "ernie")
+MODEL_IMPLEMENTATIONS = ("auto", "native", "transformers")
+
+
+def uses_transformers(config_dict: dict, where: str, model_implementation: str = "auto",
+                      trust_remote_code: bool = False) -> bool:
+    """Whether a ``config.json`` (``config_dict``, read from ``where``) loads through ``transformers``
+    (:class:`~paddlenlp_ext.transformers.hf_causal_lm.HFCausalLM`) rather than a native model of this package.
+
+    ``model_implementation``: ``"auto"`` (native for Llama and ERNIE-3.5-SE, ``transformers`` for every other
+    model_type), ``"native"`` or ``"transformers"`` (Llama's ``transformers`` implementation through the FlashMask
+    backend, e.g. to compare the two).
+
+    Raises:
+        ValueError: an unknown ``model_implementation``; ``"native"`` for a model_type without a native model; a
+            model_type ``transformers`` does not know (remote code without ``trust_remote_code``, or none at all).
+    """
+    if model_implementation not in MODEL_IMPLEMENTATIONS:
+        raise ValueError(f"model_implementation must be one of {MODEL_IMPLEMENTATIONS}, got {model_implementation!r}")
+    model_type = config_dict.get("model_type")
+    if model_implementation == "native" or (model_implementation == "auto" and model_type in NATIVE_MODEL_TYPES):
+        if model_type not in NATIVE_MODEL_TYPES:
+            raise ValueError(f"{where}: model_implementation 'native' exists for model_type 'llama' and 'ernie' only, "
+                             f"not {model_type!r}; use 'auto' or 'transformers'")
+        return False
+    if model_type == "ernie":
+        raise ValueError(f"{where}: model_type 'ernie' (ERNIE-3.5-SE) is native only; set model_implementation "
+                         "'auto' or 'native'")
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type in CONFIG_MAPPING:
+        return True
+    if (config_dict.get("auto_map") or {}).get("AutoModelForCausalLM") or (config_dict.get("auto_map") or {}).get(
+            "AutoConfig"):
+        if not trust_remote_code:
+            raise ValueError(f"{where}: model_type {model_type!r} is defined by Python code in the model directory "
+                             f"(auto_map); that code runs only with trust_remote_code: true in the config (set it "
+                             f"only if you trust the code)")
+        return True
+    raise ValueError(f"{where}: model_type {model_type!r} is not a model this package or transformers "
+                     f"{transformers.__version__} knows (native: 'llama', 'ernie'; transformers: e.g. 'qwen2', "
+                     f"'qwen3', 'mistral', 'gemma3_text', 'phi3'); check config.json, or upgrade transformers")
 
 
 class AutoConfig:
-    """``AutoConfig.from_pretrained(name_or_path)`` -> ``LlamaConfig`` or ``Ernie35Config``."""
+    """``AutoConfig.from_pretrained(name_or_path)`` -> ``LlamaConfig``, ``Ernie35Config`` or a ``transformers``
+    config (every other model_type, see :func:`uses_transformers`)."""
 
     @staticmethod
-    def from_pretrained(name_or_path: str, **overrides):
+    def from_pretrained(name_or_path: str, model_implementation: str = "auto", trust_remote_code: bool = False,
+                        **overrides):
         if _ernie_preset(name_or_path):
             from .ernie35 import preset_config
 
             return preset_config(name_or_path, **overrides)
         path = resolve_model_name_or_path(name_or_path)
-        model_type = read_config_dict(path).get("model_type")
+        where = os.path.join(path, "config.json")
+        config_dict = read_config_dict(path)
+        model_type = config_dict.get("model_type")
+        if uses_transformers(config_dict, where, model_implementation, trust_remote_code):
+            import transformers
+
+            overrides.pop("recompute", None)  # a training switch here, not a config field
+            return transformers.AutoConfig.from_pretrained(path, local_files_only=True,
+                                                           trust_remote_code=trust_remote_code, **overrides)
         if model_type == "llama":
             from .llama import LlamaConfig
 
             return LlamaConfig.from_pretrained(path, **overrides)
-        if model_type == "ernie":
-            from .ernie35 import Ernie35Config
+        from .ernie35 import Ernie35Config
 
-            return Ernie35Config.from_pretrained(path, **overrides)
-        raise ValueError(f"{path}/config.json: model_type {model_type!r} is not supported ('llama', 'ernie')")
+        return Ernie35Config.from_pretrained(path, **overrides)
 
 
 class AutoModelForCausalLM:
-    """Dispatch on ``model_type``: ``"llama"`` -> ``LlamaForCausalLM``, ``"ernie"`` -> ``Ernie35ForCausalLM``."""
+    """Dispatch on ``model_type``: ``"llama"`` -> ``LlamaForCausalLM``, ``"ernie"`` -> ``Ernie35ForCausalLM``, every
+    other causal LM ``transformers`` knows -> :class:`~paddlenlp_ext.transformers.hf_causal_lm.HFCausalLM`
+    (attention through the FlashMask backend)."""
 
     @staticmethod
-    def from_pretrained(name_or_path: str, dtype: str | torch.dtype = torch.float32, **config_overrides):
+    def from_pretrained(name_or_path: str, dtype: str | torch.dtype = torch.float32, model_implementation: str = "auto",
+                        trust_remote_code: bool = False, **config_overrides):
         """Load weights from a local directory or the embedded SmolLM2 (see :func:`resolve_model_name_or_path`).
 
-        ``config_overrides`` (e.g. ``recompute=True``) replace fields of the stored config. An ERNIE-3.5-SE
-        preset name (``ernie/tiny-random-ernie``) gives a randomly initialised ERNIE (no such weights exist).
+        ``config_overrides`` (e.g. ``recompute=True``) replace fields of the stored config (native models; the
+        ``transformers`` path takes ``recompute`` only). An ERNIE-3.5-SE preset name (``ernie/tiny-random-ernie``)
+        gives a randomly initialised ERNIE (no such weights exist). ``model_implementation`` and
+        ``trust_remote_code``: see :func:`uses_transformers`.
         """
         if _ernie_preset(name_or_path):
             from .ernie35 import from_preset_or_pretrained
 
             return from_preset_or_pretrained(name_or_path, dtype=dtype, **config_overrides)
         path = resolve_model_name_or_path(name_or_path)
-        cls = _model_class(read_config_dict(path).get("model_type"), os.path.join(path, "config.json"))
+        where = os.path.join(path, "config.json")
+        config_dict = read_config_dict(path)
+        if uses_transformers(config_dict, where, model_implementation, trust_remote_code):
+            from .hf_causal_lm import HFCausalLM
+
+            recompute = bool(config_overrides.pop("recompute", False))
+            if config_overrides:
+                raise ValueError(f"{where}: config overrides {sorted(config_overrides)} apply to the native models "
+                                 f"only, not to model_type {config_dict.get('model_type')!r} (transformers)")
+            return HFCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                              recompute=recompute)
+        cls = _model_class(config_dict.get("model_type"), where)
         return cls.from_pretrained(path, dtype=dtype, **config_overrides)
 
     @staticmethod
-    def from_config(config):
-        """Randomly initialised model (HF init) for ``config`` (a ``LlamaConfig`` or ``Ernie35Config``)."""
+    def from_config(config, recompute: bool = False):
+        """Randomly initialised model (HF init) for ``config`` (a ``LlamaConfig``, ``Ernie35Config`` or a
+        ``transformers`` config from :class:`AutoConfig`)."""
+        from .ernie35 import Ernie35Config
+        from .llama import LlamaConfig
+
+        if not isinstance(config, (LlamaConfig, Ernie35Config)):
+            from .hf_causal_lm import HFCausalLM
+
+            return HFCausalLM.from_config(config, recompute=recompute)
         return _model_class(config.model_type)(config)
 
 

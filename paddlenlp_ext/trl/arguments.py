@@ -110,6 +110,11 @@ class DPOModelArgument:
     model_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "HF-format model directory, or the embedded 'HuggingFaceTB/SmolLM2-135M-Instruct'."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help("Tokenizer dir; None = the model's."))
+    model_implementation: str = field(default="auto", metadata=_help(
+        "Ours: 'auto' (native Llama / ERNIE-3.5-SE models, transformers' implementation for every other model_type, "
+        "attention through FlashMask), 'native' or 'transformers' (e.g. Llama through transformers, to compare)."))
+    trust_remote_code: bool = field(default=False, metadata=_help(
+        "Run the Python code of a model directory whose model_type transformers does not know (auto_map)."))
     flash_mask: bool = field(default=False, metadata=_help(
         "Kept for compatibility: the share-question mask is always given as attn_mask_startend_row_indices."))
     use_flash_attention: bool = field(default=False, metadata=_help(
@@ -255,6 +260,11 @@ class RMModelArgument:
     model_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "HF-format causal-LM (or reward-model) directory, or the embedded SmolLM2."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help("Tokenizer dir; None = the model's."))
+    model_implementation: str = field(default="auto", metadata=_help(
+        "Ours: 'auto' (native Llama / ERNIE-3.5-SE models, transformers' implementation for every other model_type, "
+        "attention through FlashMask), 'native' or 'transformers' (e.g. Llama through transformers, to compare)."))
+    trust_remote_code: bool = field(default=False, metadata=_help(
+        "Run the Python code of a model directory whose model_type transformers does not know (auto_map)."))
     use_flash_attention: bool = field(default=False, metadata=_help(
         "Kept for compatibility: attention always runs through flashmask_attention."))
     recompute_granularity: str = field(default="full", metadata=inert(

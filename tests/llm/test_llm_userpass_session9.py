@@ -416,15 +416,15 @@ def test_predict_pipe_ignores_a_byte_order_mark(tiny_chat_model, monkeypatch, ca
 # ---- transformers: an unsupported architecture names its config.json -------------------------------------------
 
 def test_unsupported_model_type_names_the_config_file(tiny_chat_model, tmp_path):
-    """A Qwen2 directory failed with "config.json model_type 'qwen2' is not supported" - which config.json?"""
+    """A model_type neither native nor known to transformers: the error names the config.json."""
     import json
 
     from paddlenlp_ext.transformers import AutoModelForCausalLM
 
     cfg = json.loads((open(os.path.join(tiny_chat_model, "config.json"))).read())
-    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    cfg.update(model_type="qwen99", architectures=["Qwen99ForCausalLM"])
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: model_type 'qwen2' is not supported"):
+    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: model_type 'qwen99' is not a model"):
         AutoModelForCausalLM.from_pretrained(str(tmp_path))
 
 
