@@ -157,6 +157,42 @@ def fold_sliding_window(sri: torch.Tensor | None, window: int, b: int, s: int, c
     return torch.minimum(sri, win)
 
 
+def window_fold_exact(sri: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
+    """bool ``[B]``: whether folding a window of ``window`` keys by column distance (:func:`fold_sliding_window`)
+    equals the window by position distance that each example has alone.
+
+    They differ only where a column is seen by rows whose positions do not continue its own (a share-question
+    pack: the rejected answer's positions restart after the prompt, behind the chosen answer's columns) and that
+    column's example spans more than ``window`` rows. Column j is checked as: ``LTS_j - j <= window``, or
+    ``position - column`` is constant on rows ``[j, LTS_j)``. Device ops only; the caller reads the result.
+    """
+    lts = sri[:, 0, :, 0].long()  # [B, S]
+    b, s = lts.shape
+    pos = position_ids.expand(b, s) if position_ids.shape[0] != b else position_ids
+    col = torch.arange(s, device=lts.device)
+    off = pos - col  # constant along a run of continuing positions
+    change = torch.cat([torch.zeros_like(off[:, :1], dtype=torch.bool), off[:, 1:] != off[:, :-1]], dim=1)
+    start_pos = torch.where(change, col.expand(b, s), torch.full_like(lts, s))
+    after = torch.cat([start_pos[:, 1:], torch.full_like(lts[:, :1], s)], dim=1)
+    next_change = after.flip(-1).cummin(-1).values.flip(-1)  # first change strictly after j
+    return ((lts - col <= window) | (next_change >= lts)).all(dim=1)
+
+
+def _check_window_exact(module, sri: torch.Tensor, position_ids: torch.Tensor, window: int) -> None:
+    """Raise when :func:`window_fold_exact` is False. One host read per batch and window (cached on ``sri``);
+    skipped under ``torch.compile``."""
+    if torch.compiler.is_compiling():
+        return
+    ok = _cached(sri, ("window_exact", window), lambda: bool(window_fold_exact(sri, position_ids, window).all()))
+    if not ok:
+        raise FlashMaskUnsupportedError(
+            f"{_model_name(module)}: layer {getattr(module, 'layer_idx', '?')} attends over a sliding window of "
+            f"{window} tokens, and a packed example whose rows do not continue each other's positions (a "
+            f"share-question DPO / RM pair: prompt, chosen, rejected) is longer than that window; its window cannot "
+            f"be folded into the FlashMask vectors exactly. Keep prompt + longest answer within {window} tokens "
+            f"(max_seq_len), or train on unpacked pairs with attn_implementation='sdpa'")
+
+
 def _check_supported(module, dropout: float, kwargs: dict) -> None:
     config = getattr(module, "config", None)
     if kwargs.get("softcap") is not None:
@@ -228,6 +264,8 @@ def flashmask_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     sri = _document_startend(kwargs, attention_mask, b, s_q, causal, query.device)
     if window is not None and window < s_q:
         base = sri
+        if base is not None and kwargs.get(STARTEND_KEY) is not None and kwargs.get("position_ids") is not None:
+            _check_window_exact(module, base, kwargs["position_ids"], window)
         sri = (_cached(base, ("window", window), lambda: fold_sliding_window(base, window, b, s_q, causal,
                                                                                query.device))
                if base is not None else fold_sliding_window(None, window, b, s_q, causal, query.device))

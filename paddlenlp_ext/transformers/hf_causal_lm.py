@@ -70,6 +70,16 @@ def check_hf_config(config, where: str) -> None:
                          f"\"attention_dropout\": 0.0 in config.json (the usual value for fine-tuning)")
 
 
+def mirror_setattr(wrapper: nn.Module, name: str, value) -> None:
+    """``nn.Module.__setattr__`` of a wrapper that shares the children of ``wrapper.hf``: a child replaced on the
+    wrapper (LoRA wrapping or merging ``lm_head``, a head swapped for ``nn.Identity``) is replaced in the
+    ``transformers`` model too, so its ``save_pretrained`` and ``generate`` see the same modules."""
+    nn.Module.__setattr__(wrapper, name, value)
+    hf = wrapper.__dict__.get("hf")
+    if hf is not None and isinstance(value, nn.Module) and name in hf._modules:
+        setattr(hf, name, value)
+
+
 class _HFCache:
     """The ``kv_cache`` object of :func:`paddlenlp_ext.transformers.generation.generate` for an :class:`HFCausalLM`:
     a ``transformers`` ``DynamicCache`` (it knows how many tokens it holds, so positions continue by themselves)."""
@@ -100,12 +110,7 @@ class HFCausalLM(nn.Module):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def __setattr__(self, name, value):
-        # a child replaced here (LoRA wrapping or merging lm_head, a head swapped for nn.Identity) is replaced in the
-        # transformers model too, so its save_pretrained and generate see the same modules
-        super().__setattr__(name, value)
-        hf = self.__dict__.get("hf")
-        if hf is not None and isinstance(value, nn.Module) and name in hf._modules:
-            setattr(hf, name, value)
+        mirror_setattr(self, name, value)
 
     # ---- construction ------------------------------------------------------------------------------------------
     @classmethod

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from paddlenlp_ext.transformers.hf_attention import FLASHMASK, STARTEND_KEY, register_flashmask_attention
-from paddlenlp_ext.transformers.hf_causal_lm import HFCausalLM, check_hf_config
+from paddlenlp_ext.transformers.hf_causal_lm import check_hf_config, mirror_setattr
 from paddlenlp_ext.transformers.model_utils import atomic_save_dir, to_torch_dtype
 
 from .reward_model import LlamaForScore, export_pad_token_id
@@ -34,7 +34,8 @@ class HFForScore(LlamaForScore):
         object.__setattr__(self, "hf", hf_model)
         self.config = hf_model.config
 
-    __setattr__ = HFCausalLM.__setattr__
+    def __setattr__(self, name, value):
+        mirror_setattr(self, name, value)
 
     def forward(self, input_ids, position_ids=None, attn_mask_startend_row_indices=None) -> torch.Tensor:
         """Final hidden states ``[B, L, H]`` of the trunk (after its final norm)."""
