@@ -230,9 +230,13 @@ def _block_input_hook(group, sp: bool):
     """Pre-hook of an attention / MLP block: its hidden-state input (first positional argument) made whole (SP) or
     marked for one gradient all-reduce (f), shared by all column-parallel projections inside."""
 
-    def hook(_mod, args):
+    def hook(_mod, args, kwargs):
+        if not args and "hidden_states" in kwargs:  # transformers' layers call their blocks with keywords
+            x = kwargs["hidden_states"]
+            kwargs = dict(kwargs, hidden_states=gather_seq(x, group) if sp else copy_to_tp(x, group))
+            return args, kwargs
         x = gather_seq(args[0], group) if sp else copy_to_tp(args[0], group)
-        return (x,) + tuple(args[1:])
+        return (x,) + tuple(args[1:]), kwargs
 
     return hook
 
@@ -360,7 +364,7 @@ def apply_local_tp(model: nn.Module, plan: dict[str, tuple[str, tuple | None]], 
             distribute_module(mod, mesh, None)
             localize(mod, group, reduce_grads=True)
         elif kind == "block":
-            mod.register_forward_pre_hook(_block_input_hook(group, sp))
+            mod.register_forward_pre_hook(_block_input_hook(group, sp), with_kwargs=True)
     if sp:
         modules["model.norm"].register_forward_hook(_gather_output_hook(group))
     # Everything else (norms without SP, replicated embedding / head, a reward model's score): whole inputs on

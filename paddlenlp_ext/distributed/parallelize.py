@@ -450,12 +450,24 @@ def parallelize_model(model: nn.Module, parallel_dims: ParallelDims | None, trai
     if distributed:
         parallel_dims.check_model_config(_model_config(model))
         if parallel_dims.tp_enabled:
+            _check_tp_layout(model)
             apply_tp(model, parallel_dims)
     if compile and getattr(training_args, "to_static", False):
         apply_compile(model)
     if distributed and parallel_dims.fsdp_enabled:
         apply_fsdp(model, parallel_dims, training_args)
     return model
+
+
+def _check_tp_layout(model: nn.Module) -> None:
+    """Refuse layouts the name-based TP plan would split wrongly: per-head q/k norms (Qwen3, Gemma 3, OLMo 2) see
+    only local heads, so their weight gradients would need an all-reduce over TP that the plan does not add."""
+    norms = sorted({n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n.endswith((".q_norm", ".k_norm"))})
+    if norms:
+        mt = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ValueError(f"tensor_parallel_degree > 1: model_type {mt!r} normalises each head ({', '.join(norms)}), "
+                         "whose weight gradients this TP plan does not all-reduce; train it with sharding (FSDP2) "
+                         "instead, tensor_parallel_degree 1")
 
 
 def loss_parallel_context(parallel_dims: ParallelDims | None):
