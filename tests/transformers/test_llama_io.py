@@ -151,7 +151,7 @@ def test_sampling_filters():
 
 def test_resolve_names(tmp_path):
     assert resolve_model_name_or_path(str(tmp_path)) == str(tmp_path)
-    with pytest.raises(ValueError, match="no hub downloads.*local Hugging Face Llama directory"):
+    with pytest.raises(ValueError, match="no hub downloads.*local Hugging Face causal LM directory"):
         resolve_model_name_or_path("meta-llama/Meta-Llama-3.1-8B-Instruct")
 
 
