@@ -258,7 +258,7 @@ def build_split_dataset(corpus: IndexedTokens, name: str, bounds: tuple[int, int
 
 def build_train_valid_test_datasets(input_dir: str, split: str, seq_length: int, num_samples: Sequence[int],
                                     seed: int, data_cache: str | None = None, share_folder: bool = False,
-                                    vocab_size: int | None = None):
+                                    vocab_size: int | None = None, tokenizer_vocab_size: int | None = None):
     """``(train, valid, test)`` datasets (None for a split with no samples requested or no sequences).
 
     ``num_samples``: the three sample counts (``run_pretrain``: train = batch x data ranks x max_steps x
@@ -267,15 +267,15 @@ def build_train_valid_test_datasets(input_dir: str, split: str, seq_length: int,
 
     Raises ValueError / :class:`CorpusError` naming the file or key and the fix: a requested split that is empty
     (e.g. ``split`` leaves no training sequence), a split shorter than one window, bad or missing files, token ids
-    outside ``vocab_size`` recorded at preprocessing.
+    outside ``vocab_size`` (the model's), a corpus whose recorded vocabulary is not ``tokenizer_vocab_size``.
     """
     if data_cache:
         os.makedirs(data_cache, exist_ok=True)
     prefixes, weights = data_prefixes(input_dir)
     corpora = [IndexedTokens(p) for p in prefixes]
-    if vocab_size is not None:
+    if tokenizer_vocab_size is not None:
         for c in corpora:
-            c.check_vocab(vocab_size)
+            c.check_vocab(tokenizer_vocab_size)
     if len(corpora) == 1:
         per_dataset = [[n] for n in num_samples]
         norm = [1.0]

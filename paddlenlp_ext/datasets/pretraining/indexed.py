@@ -188,15 +188,16 @@ class IndexedTokens:
     def __getitem__(self, i: int) -> np.ndarray:
         return self.get(i)
 
-    def check_vocab(self, vocab_size: int, what: str = "the tokenizer") -> None:
-        """Refuse data preprocessed with another tokenizer: the ``.meta.json`` record (when present) must name a
-        vocabulary that fits ``vocab_size``. Raises :class:`CorpusError` naming the file and the fix."""
+    def check_vocab(self, tokenizer_vocab_size: int) -> None:
+        """Refuse data preprocessed with another tokenizer: the vocabulary size recorded in ``.meta.json`` (when
+        present; PaddleNLP's and Megatron-LM's files have none) must equal ``tokenizer_vocab_size``
+        (``len(tokenizer)``). Raises :class:`CorpusError` naming the file and the fix."""
         recorded = (self.meta or {}).get("vocab_size")
-        if recorded is not None and int(recorded) > int(vocab_size):
+        if recorded is not None and int(recorded) != int(tokenizer_vocab_size):
             raise CorpusError(f"{self.prefix + META_SUFFIX}: the corpus was tokenised with a vocabulary of {recorded} "
-                              f"({self.meta.get('tokenizer', '?')}), larger than {what}'s {vocab_size}: tokenizer and "
-                              "data do not match; point tokenizer_name_or_path at the tokenizer used for "
-                              "preprocessing, or preprocess the corpus again with this one")
+                              f"tokens ({self.meta.get('tokenizer', '?')}), the tokenizer of this run has "
+                              f"{tokenizer_vocab_size}: tokenizer and data do not match; point tokenizer_name_or_path "
+                              "at the tokenizer used for preprocessing, or preprocess the corpus again with this one")
 
 
 def read_meta(prefix: str) -> dict | None:
