@@ -127,3 +127,30 @@ def test_scale_loss_with_bf16_is_warned(run_pretrain, job, tmp_path, caplog):
     with caplog.at_level("WARNING"):
         run_pretrain.parse_args(_argv(tmp_path, pretrain_config(job, "o", bf16=True, scale_loss=512)))
     assert "scale_loss=512 has no effect: bf16 needs no loss scaling" in caplog.text
+
+
+@pytest.mark.parametrize("config", ["config/smollm2/pretrain.json", "config/ernie35se/pretrain.json",
+                                    "config/ernie35se/pretrain_3b.json"])
+def test_configs_parse(run_pretrain, config):
+    from tests._scripts import ROOT
+
+    model_args, data_args, training_args = run_pretrain.parse_args([str(ROOT / config)])
+    assert data_args.input_dir and training_args.max_steps > 0 and training_args.decay_steps == training_args.max_steps
+    if config.endswith("3b.json"):  # the article's command
+        assert (data_args.split, data_args.max_seq_length, training_args.sharding) == ("949,50,1", 4096, "stage2")
+        assert (training_args.learning_rate, training_args.min_learning_rate) == (3e-4, 3e-5)
+        assert model_args.continue_training is False and training_args.recompute
+
+
+def test_bundled_corpus_is_the_jsonl_tokenised():
+    from tests._scripts import ROOT
+
+    from paddlenlp_ext.datasets.pretraining import IndexedTokens
+    from paddlenlp_ext.transformers import AutoTokenizer
+
+    corpus = IndexedTokens(str(ROOT / "data" / "pretrain" / "botchan"))
+    tok = AutoTokenizer.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")
+    texts = [json.loads(line)["text"] for line in (ROOT / "data" / "pretrain" / "botchan.jsonl").open()]
+    assert len(corpus) == len(texts) == 142 and corpus.meta["vocab_size"] == len(tok)
+    for i in (0, 71, 141):
+        assert corpus.get(i).tolist() == tok.encode(texts[i], add_special_tokens=False) + [tok.eos_token_id]
