@@ -39,7 +39,7 @@ def pretrain_config(job, out: str, **over) -> dict:
            "max_steps": 6, "learning_rate": 3e-3, "min_learning_rate": 3e-4, "warmup_steps": 1,
            "lr_scheduler_type": "cosine", "logging_steps": 1, "eval_steps": 3, "eval_iters": 2, "test_iters": 2,
            "save_steps": 3, "do_train": True, "do_eval": True, "continue_training": True, "flash_mask": True,
-           "disable_tqdm": True, "seed": 3}
+           "disable_tqdm": True, "report_to": [], "seed": 3}
     cfg.update(over)
     return cfg
 
