@@ -269,11 +269,25 @@ def flashmask_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         sri = (_cached(base, ("window", window), lambda: fold_sliding_window(base, window, b, s_q, causal,
                                                                                query.device))
                if base is not None else fold_sliding_window(None, window, b, s_q, causal, query.device))
-    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, S, H, D] views, no copy
+    q, k, v = _autocast_dtype(query, key, value)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, S, H, D] views, no copy
     if q.is_cuda:  # the Hopper kernels take contiguous tensors only; one copy costs less than the slower kernel
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = flashmask_attention(q, k, v, sri, causal=causal, softmax_scale=scaling)
     return out, None
+
+
+def _autocast_dtype(query, key, value):
+    """One dtype for q, k, v, as SDPA gets under autocast: the autocast dtype when autocast is on (the model's
+    rotary embedding multiplies q and k by fp32 cos/sin, which leaves them fp32 beside a bf16 v), else v's dtype."""
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):
+        dtype = torch.get_autocast_dtype(dev)
+    elif query.dtype == key.dtype == value.dtype:
+        return query, key, value
+    else:
+        dtype = value.dtype
+    return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
 def flashmask_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,

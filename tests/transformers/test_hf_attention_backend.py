@@ -204,3 +204,18 @@ def test_four_d_mask_is_refused():
     k = torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError, match="2-D padding mask"):
         flashmask_attention_forward(attn, q, k, k, torch.ones(1, 1, 3, 3, dtype=torch.bool))
+
+
+def test_autocast_runs_mixed_fp32_qk_and_bf16_v_in_the_autocast_dtype():
+    """Under autocast the rotary embedding leaves q, k fp32 beside a bf16 v; the backend runs all three in bf16, as
+    SDPA does under autocast."""
+    model = tiny_model("llama", FLASHMASK)
+    attn = model.model.layers[0].self_attn
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8)
+    v = torch.randn(1, 2, 6, 8).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = flashmask_attention_forward(attn, q, k, v, None, scaling=8 ** -0.5)
+        ref, _ = flashmask_attention_forward(attn, q.bfloat16(), k.bfloat16(), v, None, scaling=8 ** -0.5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref)
