@@ -22,7 +22,7 @@ model FLOPs / seconds / 989e12 with FLOPs = ``6 N T + 12 n_layers H_q D P`` (``e
 same tokens; their MFU counts only useful work); peak GiB = ``torch.cuda.max_memory_allocated``.
 
 Usage: ``python benchmarks/e2e_pretrain.py --seq 8192 32768 [--model ernie3b] [--steps 8 --warmup 3] [--out f.json]``;
-``--tiny``: toy model on CPU (smoke test). Targets (issue): docmask >= causal tokens/s, >= 1.2x flex_docmask at
+``--tiny``: toy model on CPU (smoke test). Targets: docmask >= causal tokens/s, >= 1.2x flex_docmask at
 32K, MFU >= 45 % at 8K.
 """
 
