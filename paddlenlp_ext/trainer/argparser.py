@@ -542,8 +542,7 @@ class PdArgumentParser:
 
     def format_help(self, prog: Optional[str] = None) -> str:
         """Usage line and, per dataclass, every key with its type, default and help text."""
-        prog = prog or os.path.basename(sys.argv[0] or "launcher")
-        lines = [f"usage: python {prog} CONFIG.json [--key value ...]   (or only --key value ...)",
+        lines = [f"usage: {_command(prog)} CONFIG.json [--key value ...]   (or only --key value ...)",
                  "Keys come from the JSON config; --key value on the command line overrides them (PaddleNLP's "
                  "PdArgumentParser).", ""]
         inert_keys = inert_fields(self.dataclass_types)
@@ -573,12 +572,18 @@ class PdArgumentParser:
             print(self.format_help())
             raise SystemExit(0)
         if not argv:
-            prog = os.path.basename(sys.argv[0] or "launcher")
-            raise ValueError(f"no arguments: give a JSON config first, e.g. python llm/{prog} <config.json> "
-                             "[--key value ...] (configs in config/; --help lists the keys)")
+            raise ValueError(f"no arguments: give a JSON config first, e.g. {_command(script_dir='llm/')} "
+                             "<config.json> [--key value ...] (configs in config/; --help lists the keys)")
         if argv[0].lower().endswith((".json", ".yaml", ".yml")):
             return self.parse_json_file_and_cmd_lines(argv)
         return self.parse_args_into_dataclasses(argv)
+
+
+def _command(prog: Optional[str] = None, script_dir: str = "") -> str:
+    """How the launcher ``prog`` (default: the running one) is typed: ``python <script_dir>run_finetune.py`` for a
+    script, the bare name for an installed command (``paddlenlp-finetune``)."""
+    prog = prog or os.path.basename(sys.argv[0] or "launcher")
+    return f"python {script_dir}{prog}" if prog.endswith(".py") else prog
 
 
 def inert_fields(dataclass_types: Iterable[type]) -> Dict[str, str]:
