@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from . import best_model
 from . import checkpoint as ckpt
-from .logging_utils import MetricsLogger
+from .logging_utils import LogWindow, MetricsLogger
 from .eval_metrics import sft_eval_loss
 from .loss import count_label_tokens, count_real_tokens, sft_loss
 from .mixed_precision import MasterWeights, precision_mode
@@ -378,7 +378,7 @@ class Trainer:
             best_model.check_metric(args, eval_before)
         metrics_logger = MetricsLogger(args, max_steps, self.state.global_step, is_main=self.dp.is_main)
         stream = self._micro_batch_stream()
-        window = _Window(self.device)
+        window = LogWindow(self.device)
         window.t0 = time.perf_counter()
         total_tokens, total_loss, total_count, train_time = 0, 0.0, 0.0, 0.0
         self.model.train()
@@ -583,53 +583,3 @@ class Trainer:
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") and hasattr(t, "placements") else t
 
-
-class _Window:
-    """Device-side sums of the steps since the last log; one host sync per log.
-
-    Its clock runs from the previous log to this one, less the time spent in :meth:`paused` blocks (eval,
-    checkpoint writes) that fall inside the window.
-    """
-
-    def __init__(self, device):
-        self.device, self.outs, self.t0 = device, [], time.perf_counter()
-
-    def add(self, out: dict[str, Any]) -> None:
-        self.outs.append(out)
-
-    @contextlib.contextmanager
-    def paused(self):
-        """Stop the window's clock for the block. The device is synchronised first, so the training work still
-        queued from this window's steps is charged to the window and not to the pause. (Restarting the clock
-        after an eval instead, as before, dropped the earlier steps' time but kept their tokens: the window
-        after a mid-window eval read 2x too fast, 135K-182K tokens/s on an H200 for a 1B model.)"""
-        if self.device is not None and torch.device(self.device).type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.t0 += time.perf_counter() - start
-
-    def pop(self, trainer: Trainer) -> dict[str, float]:
-        """Reduce the window's sums (the one host sync) and time it: the clock is read after the sync, so the
-        window is charged for its own device work (an earlier clock read let the host run ahead of the GPU and
-        moved the queued work into the next window, and the last window's out of ``train_runtime``)."""
-        outs, self.outs = self.outs, []
-        keys = sorted({k for o in outs for k in o["metrics"]})
-        local = torch.stack([sum(o["loss_sum"] for o in outs).double(),
-                             *[sum(torch.as_tensor(o["metrics"].get(k, 0.0), device=self.device)
-                                   for o in outs).double() for k in keys]])
-        values = trainer.dp.all_reduce_sum(local).tolist()
-        count = float(sum(o["count"] for o in outs).item())
-        tokens = int(sum(int(o["tokens"]) for o in outs))
-        now = time.perf_counter()  # after the sync above
-        logs = trainer.reduce_metrics(values[0], count, dict(zip(keys, values[1:])))
-        norms = [o["grad_norm"] for o in outs if o["grad_norm"] is not None]
-        if norms:
-            logs["grad_norm"] = float(norms[-1].full_tensor() if hasattr(norms[-1], "full_tensor") else norms[-1])
-        elapsed = max(now - self.t0, 1e-9)
-        logs["tokens_per_sec"] = tokens * trainer.dp.size / elapsed  # all data ranks, non-pad tokens
-        self.t0 = now
-        logs.update({"_loss_sum": values[0], "_count": count, "_tokens": tokens, "_elapsed": elapsed})
-        return logs
