@@ -127,23 +127,6 @@ def test_used_splits_follow_do_eval_and_evaluation_strategy(make_args):
     assert used_splits(make_args(do_train=True, do_eval=True)) == ["train", "dev"]
 
 
-def test_config_of_another_launcher_names_that_launcher():
-    # was: "unknown key 'beta'; did you mean 'adam_beta1', 'adam_beta2'?" and "unknown key 'dataset_name_or_path';
-    # did you mean 'model_name_or_path', ...": look-alike suggestions, never that the config is for another launcher
-    from paddlenlp_ext.trl.arguments import parse_dpo_args, parse_rm_args
-
-    with pytest.raises(ValueError) as e:
-        parse_rm_args([os.path.join(SMOLLM2, "dpo.json")])
-    assert "unknown key 'beta': it is a key of llm/run_dpo.py (DPO); use that launcher" in str(e.value)
-    with pytest.raises(ValueError) as e:
-        parse_dpo_args([os.path.join(SMOLLM2, "lora.json")])
-    assert "unknown key 'dataset_name_or_path': it is a key of llm/run_finetune.py (SFT/LoRA)" in str(e.value)
-    with pytest.raises(ValueError, match="the reward model has no LoRA"):
-        parse_rm_args([os.path.join(SMOLLM2, "rm.json"), "--lora", "true"])
-    with pytest.raises(ValueError, match=r"unknown key 'max_stepz'; did you mean 'max_steps'"):  # typos unchanged
-        parse_rm_args([os.path.join(SMOLLM2, "rm.json"), "--max_stepz", "3"])
-
-
 @pytest.fixture(scope="module")
 def tiny_pairs(tmp_path_factory):
     from tests.trl._tiny import make_tiny_model_dir, write_pairs
@@ -159,45 +142,6 @@ def _dpo_argv(tiny_pairs, out, steps, save, *extra):
             "--max_steps", str(steps), "--logging_steps", "1", "--do_train", "true", "--do_eval", "false",
             "--save_strategy", save, "--save_steps", "2", "--seed", "0", "--report_to", "none",
             "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--warmup_ratio", "0", *extra]
-
-
-def test_dpo_resume_restores_the_updated_reference_model(tiny_pairs, tmp_path):
-    # ref_model_update_steps=2: the reference is the policy of step 2 during steps 3-4. A run resumed from
-    # checkpoint-2 rebuilt the reference from the base model, so it trained steps 3-4 against another
-    # reference than the uninterrupted run (silently different weights).
-    import sys
-
-    from safetensors.torch import load_file
-
-    sys.path.insert(0, os.path.join(ROOT, "llm"))
-    import run_dpo
-
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_dpo.main(_dpo_argv(tiny_pairs, straight, 4, "no", "--ref_model_update_steps", "2"))
-    run_dpo.main(_dpo_argv(tiny_pairs, resumed, 2, "steps", "--ref_model_update_steps", "2"))
-    run_dpo.main(_dpo_argv(tiny_pairs, resumed, 4, "steps", "--ref_model_update_steps", "2"))
-    a, b = load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
-    assert a.keys() == b.keys()
-    worst = max((a[k] - b[k]).abs().max().item() for k in a)
-    assert worst < 1e-6, worst
-
-
-@pytest.mark.parametrize("extra, why", [(["--lora", "true"], "lora=true"),
-                                        (["--loss_type", "simpo"], "reference_free")])
-def test_ref_model_update_steps_without_a_reference_model_warns(extra, why):
-    # was: accepted silently; with LoRA (reference = adapters disabled) or reference_free nothing is ever updated
-    from paddlenlp_ext.trainer.argparser import PdArgumentParser
-    from paddlenlp_ext.trl.arguments import (DPOConfig, DPODataArgument, DPOModelArgument, DPOTrainingArguments,
-                                             finalize_dpo_args)
-
-    def warnings(*extra_argv):
-        argv = [os.path.join(SMOLLM2, "dpo.json"), "--ref_model_update_steps", "4", *extra_argv]
-        parsed = PdArgumentParser((DPOModelArgument, DPODataArgument, DPOTrainingArguments, DPOConfig)).parse(argv)
-        return [m for m in finalize_dpo_args(*parsed) if "ref_model_update_steps" in m]
-
-    msgs = warnings(*extra)
-    assert len(msgs) == 1 and f"ref_model_update_steps=4 has no effect with {why}" in msgs[0], msgs
-    assert warnings() == []  # a reference model exists: it is updated, nothing to warn about
 
 
 def test_chat_template_dir_of_a_trained_output_dir(tmp_path):
@@ -308,37 +252,3 @@ def test_merge_on_eval_leaves_a_tied_lm_head_embedding_alone():
     assert model.model.layers[0].self_attn.q_proj.merged and not model.lm_head.merged
 
 
-def test_reward_model_trains_on_an_ernie_preset(tiny_pairs, tmp_path):
-    # was: run_reward.py --model_name_or_path ernie/tiny-random-ernie stopped with "neither a local directory nor
-    # the embedded default model ... point model_name_or_path at a local Hugging Face Llama directory", while
-    # run_finetune.py / run_dpo.py take the preset and the README lists ERNIE for the RM
-    import sys
-
-    import torch
-
-    from paddlenlp_ext.trl.reward_model import LlamaForScore
-
-    sys.path.insert(0, os.path.join(ROOT, "llm"))
-    import run_reward
-
-    _, train = tiny_pairs
-    out = tmp_path / "rm"
-    summary = run_reward.main(["--model_name_or_path", "ernie/tiny-random-ernie", "--train_dataset_path", train,
-                               "--output_dir", str(out), "--max_seq_len", "64", "--max_prompt_len", "24",
-                               "--max_steps", "1", "--do_train", "true", "--do_eval", "false", "--report_to", "none"])
-    assert summary["global_step"] == 1
-    saved = LlamaForScore.from_pretrained(str(out))
-    assert saved.config.model_type == "ernie" and saved.score.weight.shape == (1, saved.config.hidden_size)
-    assert torch.isfinite(saved.score.weight).all()
-
-
-def test_negative_weight_decay_and_sft_loss_ratio_are_refused():
-    """Both were accepted silently: a negative AdamW decay grows the weights, a negative SFT ratio rewards a worse
-    likelihood of the chosen answer. Each is now a ValueError naming the key."""
-    from paddlenlp_ext.trl.arguments import parse_dpo_args
-
-    with pytest.raises(ValueError, match=r"weight_decay must be >= 0.*-0\.1"):
-        parse_dpo_args(["--output_dir", "x", "--weight_decay", "-0.1"])
-    with pytest.raises(ValueError, match=r"sft_loss_ratio must be >= 0.*-1"):
-        parse_dpo_args(["--output_dir", "x", "--sft_loss_ratio", "-1"])
-    parse_dpo_args(["--output_dir", "x", "--weight_decay", "0.0", "--sft_loss_ratio", "0.5"])

@@ -60,60 +60,7 @@ def test_sft_resumed_dev_loss_before_is_the_checkpoints(sft_job, caplog):
     assert "dev_loss_before" not in mod.main(write_sft_config(sft_job, out, _SFT, max_steps=4))
 
 
-@pytest.mark.parametrize("script, key", [("run_dpo", "dev_before"), ("run_reward", "dev_before")])
-def test_dpo_and_rm_resumed_dev_metrics_before_are_the_checkpoints(pairs, tmp_path, script, key):
-    from tests._scripts import load_script
-
-    mod = load_script(f"llm/{script}.py")
-    out = tmp_path / "out"
-    first = mod.main(_pair_argv(pairs, out, max_steps=2))
-    assert abs(first["dev_after"]["eval_loss"] - first[key]["eval_loss"]) > 1e-3
-    second = mod.main(_pair_argv(pairs, out, max_steps=3))
-    assert second["global_step"] == 3
-    assert second[key]["eval_loss"] == pytest.approx(first["dev_after"]["eval_loss"], abs=2e-5)  # rounded to 5
-
-
 # ---- 2. a resume that changes the data order is warned -----------------------------------------------------------
-
-def _first_run(make_args, tiny_model, out, **kw):
-    args = make_args(output_dir=str(out), save_strategy="steps", save_steps=2, max_steps=2, **kw)
-    t = Trainer(tiny_model(), args, train_dataset=PackDataset(n=16))
-    t.data_keys = {"max_length": 24}
-    t.train()
-    return out / "checkpoint-2"
-
-
-def _resume(make_args, tiny_model, ckpt, caplog, data_keys=None, **kw):
-    args = make_args(output_dir=str(ckpt.parent), max_steps=3, **kw)
-    t = Trainer(tiny_model(), args, train_dataset=PackDataset(n=16))
-    t.data_keys = {"max_length": 24} if data_keys is None else data_keys
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
-        t.train(resume_from_checkpoint=str(ckpt))
-    return caplog.text
-
-
-def test_resume_with_another_seed_warns_naming_seed_and_both_values(make_args, tiny_model, tmp_path, caplog):
-    # was silent: the checkpoint's "2 micro-batches into epoch 0" was skipped in the order of the NEW seed, so
-    # the packs skipped were not the ones trained on
-    ckpt = _first_run(make_args, tiny_model, tmp_path / "out", seed=7)
-    text = _resume(make_args, tiny_model, ckpt, caplog, seed=13)
-    assert "seed=13 (the checkpoint's run: 7)" in text
-    assert "data order" in text and "2 micro-batch(es) skipped in epoch 0" in text
-    assert _resume(make_args, tiny_model, ckpt, caplog, seed=7) == ""
-    # without shuffling the seed does not decide the order: nothing to warn about
-    ckpt = _first_run(make_args, tiny_model, tmp_path / "noshuffle", seed=7, dataloader_shuffle=False)
-    assert _resume(make_args, tiny_model, ckpt, caplog, seed=13, dataloader_shuffle=False) == ""
-
-
-def test_resume_with_another_data_key_or_shuffle_warns(make_args, tiny_model, tmp_path, caplog):
-    ckpt = _first_run(make_args, tiny_model, tmp_path / "out")
-    text = _resume(make_args, tiny_model, ckpt, caplog, data_keys={"max_length": 32})
-    assert "max_length=32 (the checkpoint's run: 24)" in text
-    text = _resume(make_args, tiny_model, ckpt, caplog, dataloader_shuffle=False)
-    assert "dataloader_shuffle=False (the checkpoint's run: True)" in text
-    # ignore_data_skip restarts the epoch: nothing is skipped, so nothing is wrongly skipped
-    assert "data order" not in _resume(make_args, tiny_model, ckpt, caplog, seed=13, ignore_data_skip=True)
 
 
 def test_sft_launcher_records_the_data_keys_and_resumes_quietly(sft_job, caplog):
@@ -129,15 +76,6 @@ def test_sft_launcher_records_the_data_keys_and_resumes_quietly(sft_job, caplog)
     with caplog.at_level(logging.WARNING):
         mod.main(write_sft_config(sft_job, out, _SFT, max_steps=4, do_eval=False, src_length=40))
     assert "src_length=40 (the checkpoint's run: 48)" in caplog.text
-
-
-def test_checkpoint_without_the_record_resumes_quietly(make_args, tiny_model, tmp_path, caplog):
-    ckpt = _first_run(make_args, tiny_model, tmp_path / "out", seed=7)
-    path = ckpt / "trainer_state.json"
-    state = json.loads(path.read_text())
-    del state["data_order"]  # as written before session 9
-    path.write_text(json.dumps(state))
-    assert _resume(make_args, tiny_model, ckpt, caplog, seed=13) == ""
 
 
 # ---- 3. packs longer than the model's trained positions are warned -----------------------------------------------

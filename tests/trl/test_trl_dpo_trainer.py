@@ -110,7 +110,6 @@ def test_reward_model_ernie_trunk_scores_pairs():
     assert s_c.shape == s_r.shape == (3,) and torch.isfinite(s_c).all() and torch.isfinite(s_r).all()
 
 
-
 def test_reference_precompute_shows_progress(tmp_path, capsys):
     """The reference pass runs for minutes on a CPU before the first step: a progress bar on stderr (none with
     disable_tqdm)."""
@@ -125,3 +124,32 @@ def test_reference_precompute_shows_progress(tmp_path, capsys):
     DPOTrainer(model, quiet, dpo_config=DPOConfig(precompute_reference_logps=True),
                data_collator=PreferenceCollator(L)).precompute_reference_logps(_dataset("dpo"))
     assert "reference log-probs" not in capsys.readouterr().err
+
+
+def test_dpo_sft_term_is_invariant_to_micro_batching(tmp_path):
+    # the SFT term (sft_loss_ratio > 0, e.g. ORPO) is the step's token mean: DPOTrainer gives the criterion the
+    # step's pairs / chosen tokens. A token mean per micro-batch (PaddleNLP's sft_loss) would make the step's loss
+    # and gradient depend on how the pairs are split into micro-batches / data ranks (through run_dpo.py on a tiny
+    # model: step-1 sft_loss 10.8067 with 2 micro-batches of 1 pack, 10.8469 with 1 of 2)
+    from paddlenlp_ext.trl.dpo_trainer import _token_counts
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config())
+    collate = PreferenceCollator(L)
+    ds = ZeroPaddingMapDataset(_records(WordTokenizer(), EXAMPLES, "dpo"), max_length=L, one_per_pack=True)
+    packs = [ds[0], ds[1]]  # one pair each
+    per_pair = [(_token_counts(collate([p]))[0].float().mean()).item() for p in packs]
+    assert per_pair[0] != per_pair[1]  # else any split gives the same token mean and the test has no teeth
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to=["none"], device="cpu")
+    trainer = DPOTrainer(model, args, dpo_config=DPOConfig(loss_type="or", reference_free=True, sft_loss_ratio=1.0),
+                         data_collator=collate)
+
+    def step(groups):
+        model.zero_grad(set_to_none=True)
+        out = trainer.forward_backward([collate(g) for g in groups])
+        return out["loss_sum"] / out["count"], [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    (whole, g_whole), (split, g_split) = step([packs]), step([[packs[0]], [packs[1]]])
+    torch.testing.assert_close(split, whole, rtol=1e-6, atol=0)
+    for a, b in zip(g_split, g_whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -1,4 +1,5 @@
-"""run_dpo.py / run_reward.py end to end on a tiny random model (seconds), and the HF round trip of the RM."""
+"""run_dpo.py / run_reward.py end to end on a tiny random model (seconds), the HF round trip of the RM, the ERNIE
+preset as an RM trunk, and the use_fused_* keys reaching the model."""
 
 import json
 import os
@@ -71,3 +72,41 @@ def test_run_reward_tiny_and_hf_loads_it(tiny, tmp_path):
         s_hf = hf(ids).logits[0, 0]
         s_ours = ours.score(ours(ids)[0, -1])[0]
     torch.testing.assert_close(s_ours, s_hf, rtol=1e-5, atol=1e-5)
+
+
+def test_reward_model_trains_on_an_ernie_preset(tiny, tmp_path):
+    # run_reward.py takes the ERNIE preset like run_finetune.py / run_dpo.py (the README lists ERNIE for the RM)
+    from paddlenlp_ext.trl.reward_model import LlamaForScore
+
+    _, train, _ = tiny
+    out = tmp_path / "rm"
+    summary = run_reward.main(["--model_name_or_path", "ernie/tiny-random-ernie", "--train_dataset_path", train,
+                               "--output_dir", str(out), "--max_seq_len", "64", "--max_prompt_len", "24",
+                               "--max_steps", "1", "--do_train", "true", "--do_eval", "false", "--report_to", "none"])
+    assert summary["global_step"] == 1
+    saved = LlamaForScore.from_pretrained(str(out))
+    assert saved.config.model_type == "ernie" and saved.score.weight.shape == (1, saved.config.hidden_size)
+    assert torch.isfinite(saved.score.weight).all()
+
+
+@pytest.mark.parametrize("script", ["run_dpo", "run_reward"])
+def test_dpo_and_rm_act_on_the_use_fused_keys(tiny, tmp_path, monkeypatch, script):
+    # the use_fused_* keys reach the model config (PaddleNLP's run_dpo.py copies them: LlmMetaConfig.set_llm_config)
+    import paddlenlp_ext.distributed as distributed
+    from tests._scripts import load_script
+
+    seen = []
+    original = distributed.parallelize_model
+
+    def spy(model, *a, **kw):
+        seen.append(model)
+        return original(model, *a, **kw)
+
+    monkeypatch.setattr(distributed, "parallelize_model", spy)
+    model_dir, train, _ = tiny
+    load_script(f"llm/{script}.py").main([
+        "--model_name_or_path", model_dir, "--train_dataset_path", train, "--output_dir", str(tmp_path / "out"),
+        "--max_seq_len", "64", "--max_prompt_len", "24", "--max_steps", "1", "--do_train", "true",
+        "--do_eval", "false", "--report_to", "none", "--use_fused_rms_norm", "true", "--use_fused_swiglu", "true"])
+    config = seen[0].config
+    assert config.use_fused_rms_norm and config.use_fused_swiglu and not config.use_fused_rope

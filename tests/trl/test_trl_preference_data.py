@@ -1,6 +1,7 @@
 """Preference tokenization and share-question layout: PaddleNLP's worked examples (spec 2.6, 2.7), our fixes."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from flashmask.dense import to_dense
 from paddlenlp_ext.datasets.preference import (
     check_preference_data,
+    encode_response,
     read_preference_jsonl,
     tokenize_preference_example,
     truncate,
@@ -107,6 +109,11 @@ def test_chat_template_path():
     ({"src": "a", "tgt": [], "response": ["x", " "], "sort": [1, 0]}, "non-empty"),
     ({"src": "a", "tgt": [], "response": ["x", "y"], "sort": [1, 1]}, "differ"),
     ({"src": "a", "tgt": [], "response": ["x", "y"]}, "missing key 'sort'"),
+    ({"src": "q", "tgt": [], "response": ["a"], "sort": [1, 0]}, "exactly 2 responses and 2 sorts"),
+    ({"src": "q", "tgt": [], "response": ["a", "b", "c"], "sort": [2, 1, 0]}, "exactly 2 responses and 2 sorts"),
+    ({"src": "q", "tgt": [], "response": ["a", "b"], "sort": ["1", "0"]}, "sort values are numbers"),
+    ({"src": "q", "tgt": [], "response": ["", "b"], "sort": [1, 0]}, "non-empty strings"),
+    ({"src": ["q"], "tgt": ["x"], "response": ["a", "b"], "sort": [1, 0]}, r"len\(src\) == len\(tgt\) \+ 1"),
 ])
 def test_validation_names_file_line_rule(tmp_path, bad, rule):
     path = tmp_path / "d.jsonl"
@@ -121,3 +128,76 @@ def test_invalid_json_line(tmp_path):
     path.write_text('{"src": "q",\n')
     with pytest.raises(ValueError, match="d.jsonl:1: invalid JSON"):
         list(read_preference_jsonl(str(path)))
+
+
+def test_truncated_preference_examples_are_counted_in_one_warning(tmp_path, caplog):
+    # examples longer than max_seq_len lose their responses' tails and end token: counted in one warning per file
+    # (as SFT warns about what it drops), also for a lazy stream read again every epoch
+    from paddlenlp_ext.datasets.preference import _TokenizedPreferenceStream
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model_dir(str(tmp_path / "m")))
+    pairs = write_pairs(str(tmp_path / "p.jsonl"), 6)
+    roomy = _TokenizedPreferenceStream(pairs, tok, 128, 64, "dpo", True)
+    with caplog.at_level(logging.WARNING):
+        assert len(list(roomy)) == 6
+    assert "preference examples cut" not in caplog.text
+    tight = _TokenizedPreferenceStream(pairs, tok, 12, 4, "dpo", True)
+    with caplog.at_level(logging.WARNING):
+        assert len(list(tight)) == 6 and len(list(tight)) == 6  # two epochs
+    assert caplog.text.count("6 of 6 preference examples cut to fit max_seq_len=12") == 1
+    assert "raise max_seq_len" in caplog.text
+
+
+def test_missing_preference_file_names_the_key_and_its_default(tmp_path, monkeypatch):
+    # a dpo.json without dev_dataset_path and do_eval true: the error names the key whose default path is missing,
+    # before the train split is tokenised
+    from types import SimpleNamespace
+
+    from paddlenlp_ext.datasets.preference import create_preference_datasets
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from tests.trl._tiny import make_tiny_model_dir, write_pairs
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model_dir(str(tmp_path / "m")))
+    monkeypatch.chdir(tmp_path)
+    train = write_pairs(str(tmp_path / "train.jsonl"), 2)
+    args = SimpleNamespace(train_dataset_path=train, dev_dataset_path="./data/dev.jsonl", max_seq_len=64,
+                           max_prompt_len=32, greedy_zero_padding=False, lazy=False, chat_template=None)
+    with pytest.raises(FileNotFoundError, match=r"dev_dataset_path='\./data/dev\.jsonl' \(its default\) does not "
+                                                r"exist, relative to the current directory .*set dev_dataset_path"):
+        create_preference_datasets(args, tok, splits=("train", "dev"))
+
+
+# ---- a chat template whose assistant turn ends with no special token ---------------------------------------------
+# SFT appends eos_token to such a turn (tests/datasets/test_sft_end_of_turn.py); so does encode_response, else the
+# chosen response never teaches the policy to stop. The raw encoding (chat_template: none) ends each response with
+# eos as PaddleNLP does; templates whose turn ends in a special token (ChatML's <|im_end|>) are unchanged.
+
+PLAIN = ("{# preference test #}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.fixture()
+def smollm2_tokenizer():
+    from paddlenlp_ext.transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_plain_template_response_ends_with_eos(smollm2_tokenizer, caplog):
+    tokenizer = smollm2_tokenizer
+    chatml = encode_response(tokenizer, ["Hi"], [], "Hello there", True)
+    assert chatml[-1] == tokenizer.eos_token_id  # <|im_end|> ends the ChatML turn already
+    tokenizer.chat_template = PLAIN
+    with caplog.at_level(logging.WARNING):
+        ids = encode_response(tokenizer, ["Hi"], [], "Hello there", True)
+    assert ids[-1] == tokenizer.eos_token_id and ids.count(tokenizer.eos_token_id) == 1
+    assert tokenizer.decode(ids[:-1]) == "Hello there\n"  # the rendered turn, then the appended end token
+    assert "appending eos_token" in caplog.text
+
+
+def test_raw_encoding_ends_each_response_with_eos(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
+    ids = encode_response(tokenizer, ["Hi"], [], "Hello there", False)
+    assert ids[-1] == tokenizer.eos_token_id and tokenizer.decode(ids[:-1]) == "Hello there"
