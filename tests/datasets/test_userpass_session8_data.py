@@ -69,21 +69,3 @@ def test_predict_src_length_plus_max_new_tokens_past_the_model_context(tmp_path)
                       "--max_new_tokens", "5", "--num_threads", str(torch.get_num_threads())])
 
 
-def test_sft_data_dir_mixing_the_two_layouts_is_one_clear_error(tmp_path):
-    """``<dir>/dev.json`` beside ``<dir>/train/*.json``: the flat layout wins as soon as dev.json exists (PaddleNLP's
-    rule), so the train files were ignored and ``run_finetune.py`` said "no train split (train.json or
-    train/*.json)" about a directory that has train/*.json. Now ``sft_data_files`` names the mix and the fix."""
-    import json
-
-    from paddlenlp_ext.datasets.jsonl import sft_data_files
-
-    row = json.dumps({"src": "a", "tgt": "b"}) + "\n"
-    (tmp_path / "d" / "train").mkdir(parents=True)
-    (tmp_path / "d" / "train" / "part-0.json").write_text(row)
-    (tmp_path / "d" / "dev.json").write_text(row)
-    with pytest.raises(ValueError, match=r"mixes the two data layouts, dev\.json beside train/\*\.json: .*"
-                                         r"concatenate train/\*\.json into train\.json"):
-        sft_data_files(str(tmp_path / "d"))
-    (tmp_path / "d" / "train.json").write_text(row)  # both flat files: the flat layout, train/ is a leftover
-    assert sft_data_files(str(tmp_path / "d")) == {"train": [str(tmp_path / "d" / "train.json")],
-                                                   "dev": [str(tmp_path / "d" / "dev.json")]}

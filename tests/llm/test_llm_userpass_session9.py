@@ -116,82 +116,6 @@ def test_escape_reply_round_trip(text):
 
 # ---- data: records PaddleNLP accepts but that train nothing useful (warned once per file, naming the lines) ------
 
-def _write_lines(path, rows):
-    import json
-
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-def _warnings(caplog, needle):
-    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and needle in r.getMessage()]
-
-
-def test_sft_empty_answer_is_warned_with_its_lines(tmp_path, caplog):
-    """``"tgt": ""`` (or whitespace) was trained silently: the labels are only the end-of-turn token."""
-    import logging
-
-    from paddlenlp_ext.datasets.jsonl import read_jsonl
-
-    path = _write_lines(tmp_path / "train.json", [{"src": "q1", "tgt": "a1"}, {"src": "q2", "tgt": ""},
-                                                  {"src": ["q3", "q4"], "tgt": ["a3", "  "]}])
-    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.datasets.jsonl"):
-        assert len(read_jsonl(path)) == 3  # kept, as PaddleNLP does
-        read_jsonl(path)  # a lazy stream re-reads the file every epoch: still one warning
-    msgs = _warnings(caplog, "empty answer")
-    assert len(msgs) == 1
-    assert f"2 of 3 SFT records" in msgs[0] and f"{path}:2, {path}:3" in msgs[0]
-
-
-def test_sft_without_empty_answers_is_quiet(tmp_path, caplog):
-    import logging
-
-    from paddlenlp_ext.datasets.jsonl import read_jsonl
-
-    path = _write_lines(tmp_path / "train.json", [{"src": "q1", "tgt": "a1"}, {"src": "", "tgt": "a2"}])
-    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.datasets.jsonl"):
-        read_jsonl(path)
-    assert not _warnings(caplog, "empty answer")
-
-
-def test_preference_identical_responses_are_warned_with_their_lines(tmp_path, caplog):
-    """A pair with the same text twice (different sorts) was trained silently: its margin is always 0."""
-    import logging
-
-    from paddlenlp_ext.datasets.preference import read_preference_jsonl
-
-    rows = [{"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]},
-            {"src": "q", "tgt": [], "response": ["same", " same "], "sort": [0, 1]}]
-    path = _write_lines(tmp_path / "train.jsonl", rows)
-    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.datasets.jsonl"):
-        assert len(list(read_preference_jsonl(path))) == 2
-        list(read_preference_jsonl(path))
-    msgs = _warnings(caplog, "identical responses")
-    assert len(msgs) == 1 and f"1 of 2 preference records" in msgs[0] and f"{path}:2" in msgs[0]
-
-
-@pytest.mark.parametrize("record,msg", [
-    ({"src": "q", "tgt": [], "response": ["a"], "sort": [1, 0]}, "exactly 2 responses and 2 sorts"),
-    ({"src": "q", "tgt": [], "response": ["a", "b", "c"], "sort": [2, 1, 0]}, "exactly 2 responses and 2 sorts"),
-    ({"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 1]}, "the two sort values differ"),
-    ({"src": "q", "tgt": [], "response": ["a", "b"], "sort": ["1", "0"]}, "sort values are numbers"),
-    ({"src": "q", "tgt": [], "response": ["a", "b"]}, "missing key 'sort'"),
-    ({"src": "q", "tgt": [], "response": ["", "b"], "sort": [1, 0]}, "non-empty strings"),
-    ({"src": ["q"], "tgt": ["x"], "response": ["a", "b"], "sort": [1, 0]}, r"len\(src\) == len\(tgt\) \+ 1"),
-])
-def test_malformed_preference_line_names_file_and_line(tmp_path, record, msg):
-    """Coverage (passed before this session): each broken rule names ``file:line`` (line 3: after a blank line)."""
-    from paddlenlp_ext.datasets.preference import read_preference_jsonl
-
-    path = tmp_path / "train.jsonl"
-    good = {"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]}
-    import json
-
-    path.write_text(json.dumps(good) + "\n\n" + json.dumps(record) + "\n")
-    with pytest.raises(ValueError, match=msg) as e:
-        list(read_preference_jsonl(str(path)))
-    assert f"{path}:3:" in str(e.value)
-
 
 # ---- merge_lora_params.py: PaddleNLP's command line ----------------------------------------------------------------
 
@@ -357,34 +281,6 @@ def test_predict_pipe_into_head_exits_quietly(tiny_chat_model):
 
 
 # ---- data: a JSON document where jsonl is expected ----------------------------------------------------------------
-
-@pytest.mark.parametrize("indent", [None, 2])
-@pytest.mark.parametrize("kind", ["sft", "preference"])
-def test_json_array_file_says_it_is_not_jsonl(tmp_path, indent, kind):
-    """A JSON array of records (one line, or pretty-printed) gave 'expected a JSON object, got list' / 'invalid JSON
-    at column 1: Expecting value'; the error now says the file is a JSON array and how to convert it."""
-    import json
-
-    from paddlenlp_ext.datasets.jsonl import read_jsonl
-    from paddlenlp_ext.datasets.preference import read_preference_jsonl
-
-    rec = {"src": "q", "tgt": "a"} if kind == "sft" else {"src": "q", "tgt": [], "response": ["a", "b"], "sort": [1, 0]}
-    path = tmp_path / "train.json"
-    path.write_text(json.dumps([rec, rec], indent=indent))
-    read = read_jsonl if kind == "sft" else (lambda p: list(read_preference_jsonl(p)))
-    with pytest.raises(ValueError, match=r"train\.json:1: .*one JSON array of 2 item\(s\).*Convert it: python -c"):
-        read(str(path))
-
-
-def test_pretty_printed_object_says_it_is_not_jsonl(tmp_path):
-    import json
-
-    from paddlenlp_ext.datasets.jsonl import read_jsonl
-
-    path = tmp_path / "train.json"
-    path.write_text(json.dumps({"src": "q", "tgt": "a"}, indent=2) + "\n")
-    with pytest.raises(ValueError, match=r"train\.json:1: invalid JSON .*one JSON object spread over several lines"):
-        read_jsonl(str(path))
 
 
 def test_post_init_value_error_names_the_config_file(tmp_path):

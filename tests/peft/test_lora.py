@@ -1,8 +1,11 @@
-"""LoRA: PEFT-format round trips, merge, freezing, optimizer-state size, configuration handling."""
+"""LoRA: PEFT-format round trips, merge (tied heads included), freezing, optimizer-state size, configuration
+handling, loading an adapter (its own rank and alpha; a base that moved)."""
 
 import copy
 import json
+import logging
 import math
+import shutil
 
 import pytest
 import torch
@@ -19,8 +22,11 @@ from paddlenlp_ext.peft import (
     lora_param_groups,
     lora_state_dict,
     merge_lora,
+    load_merged_lora,
     save_lora,
 )
+from paddlenlp_ext.transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from tests.trl._tiny import make_tiny_model_dir
 
 V = 64
 
@@ -304,3 +310,78 @@ def test_saved_base_path_is_absolute_for_local_dirs(tmp_path, monkeypatch):
         save_lora(model, f"out{i}", base_model_name_or_path=given)
         conf = json.loads((tmp_path / f"out{i}" / "adapter_config.json").read_text())
         assert conf["base_model_name_or_path"] == stored
+
+
+def test_lora_path_loads_the_adapters_rank_and_alpha_and_warns_about_differing_keys(tmp_path, caplog):
+    # PaddleNLP's LoRAModel.from_pretrained uses the adapter's own r / lora_alpha; differing keys are named
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    save_lora(apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 4, "lora_alpha": 8}),
+              str(tmp_path / "lora"), base_model_name_or_path=base)
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.peft.lora"):
+        model = apply_lora(AutoModelForCausalLM.from_pretrained(base),
+                           {"lora_path": str(tmp_path / "lora"), "lora_rank": 2, "lora_alpha": 4})
+    assert model.lora_config.r == 4 and model.lora_config.lora_alpha == 8  # the adapter's own
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("lora_rank=2" in m and "r=4" in m and "lora_alpha=4" in m and "lora_alpha=8" in m for m in msgs), msgs
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.peft.lora"):
+        apply_lora(AutoModelForCausalLM.from_pretrained(base),
+                   {"lora_path": str(tmp_path / "lora"), "lora_rank": 4, "lora_alpha": 8})
+    assert not caplog.records  # matching keys: nothing to say
+
+
+def test_merged_lora_on_a_tied_lm_head_reloads_equal(tmp_path):
+    # lora_target_modules with lm_head on a tied model (SmolLM2 ties them): the merged model is saved untied with its
+    # own lm_head.weight (saved tied, it would reload with the unmerged embedding as head: logits off by ~1.8)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = apply_lora(LlamaForCausalLM(cfg), {"lora_rank": 2, "lora_target_modules": ["lm_head", "q_proj"]}).eval()
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        want = model(ids)
+        merge_lora(model)
+        assert torch.allclose(model(ids), want, atol=1e-5)
+    model.save_pretrained(str(tmp_path / "merged"))
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["tie_word_embeddings"] is False
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()(ids)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_merge_on_eval_leaves_a_tied_lm_head_embedding_alone():
+    # merge_on_eval folds adapters in place on eval(), but not one on an lm_head tied to embed_tokens (the input
+    # embedding would change too: logits off by ~10)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = apply_lora(LlamaForCausalLM(cfg), LoRAConfig(r=2, target_modules=["lm_head", "q_proj"], merge_on_eval=True))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    emb = model.model.embed_tokens.weight.detach().clone()
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        want = model.train()(ids)
+        got = model.eval()(ids)  # merges q_proj in place; lm_head stays unmerged
+    assert torch.equal(model.model.embed_tokens.weight, emb)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert model.model.layers[0].self_attn.q_proj.merged and not model.lm_head.merged
+
+
+def test_adapter_whose_base_moved_names_adapter_config_and_the_fixes(tmp_path):
+    # predict.py --model_name_or_path <adapter dir> and merge_lora_params.py: the error names adapter_config.json,
+    # the key holding the missing path and the flag that gives another base
+    base = make_tiny_model_dir(str(tmp_path / "base"))
+    save_lora(apply_lora(AutoModelForCausalLM.from_pretrained(base), {"lora_rank": 2}), str(tmp_path / "adapter"),
+              base_model_name_or_path=base)
+    shutil.move(base, tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json: the adapter's base model .*base' "
+                                                r"\(base_model_name_or_path\) is not a local directory.*"
+                                                r"--model_name_or_path <base dir>"):
+        load_merged_lora(str(tmp_path / "adapter"), base)
+    model, _ = load_merged_lora(str(tmp_path / "adapter"), str(tmp_path / "moved"))  # the explicit base works
+    assert model is not None

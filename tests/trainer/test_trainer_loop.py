@@ -1,6 +1,9 @@
-"""Trainer loop: gradient-accumulation equivalence, the LR the loop follows, evaluation, TensorBoard output."""
+"""Trainer loop: gradient-accumulation equivalence, the LR the loop follows, evaluation and save at epoch ends,
+TensorBoard output, and the messages for a step that spans epochs or a dataset that yields no batch."""
 
 import glob
+import logging
+import os
 
 import pytest
 import torch
@@ -179,3 +182,59 @@ def test_window_clock_excludes_mid_window_eval_and_save(make_args, tiny_model):
     assert sum(steps) <= out["train_runtime"] <= wall - sum(pauses)
     window = next(h for h in t.state.log_history if "tokens_per_sec" in h)
     assert window["tokens_per_sec"] == pytest.approx(out["tokens_per_sec"], rel=1e-9)
+
+
+def test_step_spanning_several_epochs_warns_once(make_args, tiny_model, caplog):
+    # gradient_accumulation_steps x batch > packs: the step repeats packs, said once (else the log shows only
+    # epoch: 4 after one step of num_train_epochs 1)
+    t = Trainer(tiny_model(), make_args(gradient_accumulation_steps=4, per_device_train_batch_size=1, max_steps=1),
+                train_dataset=PackDataset(2))
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
+        t.train()
+    msgs = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
+    assert len(msgs) == 1 and "gradient_accumulation_steps=4" in msgs[0] and "2 micro-batch" in msgs[0], msgs
+
+
+def test_no_epoch_warning_when_an_epoch_covers_a_step(make_args, tiny_model, caplog):
+    t = Trainer(tiny_model(), make_args(gradient_accumulation_steps=2, per_device_train_batch_size=1, max_steps=1),
+                train_dataset=PackDataset(2))
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer"):
+        t.train()
+    assert not [r for r in caplog.records if "repeats" in r.getMessage()]
+
+
+def test_epoch_strategy_evaluates_and_saves_at_the_step_that_ends_the_epoch(make_args, tiny_model, tmp_path):
+    # the epoch ends at the step whose last micro-batch ends it, not when the next epoch's first one is drawn (else
+    # checkpoint-<k> and the epoch's eval would hold a step of the next epoch)
+    ds = PackDataset(4)  # bs 2 -> 2 micro-batches per epoch; gas 1 -> epochs end after steps 2, 4, 6
+    t = Trainer(tiny_model(), make_args(max_steps=-1, num_train_epochs=3, evaluation_strategy="epoch",
+                                        save_strategy="epoch"), train_dataset=ds, eval_dataset=ds)
+    calls = []
+    orig = t.evaluate
+    t.evaluate = lambda *a, **k: calls.append(t.state.global_step) or orig(*a, **k)
+    t.train()
+    assert t.state.global_step == 6 and calls == [2, 4, 6]
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+def test_tensorboard_eval_tags_are_eval_slash_metric(make_args, tiny_model, tmp_path):
+    # HF and PaddleNLP's rewrite_logs write eval/loss next to train/loss (not eval/eval_loss)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = make_args(max_steps=2, report_to=["tensorboard"], evaluation_strategy="steps", eval_steps=2)
+    Trainer(tiny_model(), args, train_dataset=PackDataset(n=4), eval_dataset=PackDataset(n=2, seed=1)).train()
+    events = glob.glob(os.path.join(args.output_dir, "runs", "events.out.tfevents.*"))
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "eval/loss" in tags and "train/loss" in tags
+    assert not [t for t in tags if t.startswith("eval/eval_")]
+
+
+def test_no_train_batch_error_names_the_counts_and_the_keys(make_args, tiny_model):
+    # the counts, the key that causes it here (dataloader_drop_last) and the fixes
+    args = make_args(per_device_train_batch_size=8, dataloader_drop_last=True, max_steps=1)
+    with pytest.raises(ValueError, match=r"3 pack\(s\) for 1 rank\(s\) x per_device_train_batch_size=8 with "
+                                         r"dataloader_drop_last=true\); lower per_device_train_batch_size, set "
+                                         r"dataloader_drop_last false"):
+        Trainer(tiny_model(), args, train_dataset=PackDataset(n=3)).train()
