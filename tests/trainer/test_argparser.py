@@ -1,5 +1,6 @@
 """PdArgumentParser and the argument dataclasses: JSON + CLI overrides, strict keys with suggestions, the inert
-warning, JSON errors with line/column, collected validation errors, and the four PaddleNLP flashmask configs."""
+warning, JSON errors with line/column (encoding, BOM, empty file, trailing comma), collected validation errors, the
+four PaddleNLP flashmask configs, and command-line mistakes as one line naming the flag."""
 
 import dataclasses
 import json
@@ -22,6 +23,7 @@ from paddlenlp_ext.trainer.arguments import (
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "config", "llama", "flashmask")
+SFT_JSON = os.path.join(ROOT, "config", "smollm2", "sft.json")
 
 
 @dataclass
@@ -233,3 +235,115 @@ def test_type_and_value_errors_are_reported_together(tmp_path):
         assert sum(part in line for line in lines) == 1, part
     # fp16_opt_level O2 needs bf16 or fp16: with bf16 unreadable that check says nothing about the user's config
     assert not any("O2" in line for line in lines)
+
+
+def test_config_json_with_utf8_bom_parses(tmp_path):
+    # a config saved by a Windows editor starts with a BOM: skipped, as the data readers do
+    path = tmp_path / "sft.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"output_dir": str(tmp_path / "out"), "max_steps": 3,
+                                                   "dataset_name_or_path": "data/sft"}).encode())
+    _, _, training_args = parse_sft_args([str(path)])
+    assert training_args.max_steps == 3
+
+
+def test_config_json_not_utf8_names_file_line_and_column(tmp_path):
+    # the file, line and column, and the fix (not the codec's bare message)
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{\n "output_dir": "/tmp/caf\xe9"\n}\n')
+    with pytest.raises(ValueError, match=r"latin1\.json:2:\d+: not UTF-8 \(byte 0xe9\); save the config file as UTF-8"):
+        parse_sft_args([str(path)])
+
+
+@pytest.mark.parametrize("value, want", [(True, "true"), ("true", "true"), (False, "false"), ("false", "false"),
+                                         (None, None), ("/x/checkpoint-4", "/x/checkpoint-4")])
+def test_resume_from_checkpoint_takes_json_true_and_false(tmp_path, value, want):
+    # PaddleNLP's Trainer takes the JSON bools: true = the latest checkpoint, false = no resume
+    cfg = tmp_path / "sft.json"
+    cfg.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "dataset_name_or_path": "data/sft",
+                               "resume_from_checkpoint": value}))
+    _, _, training_args = parse_sft_args([str(cfg)])
+    assert training_args.resume_from_checkpoint == want
+
+
+def test_mistyped_config_path_says_the_file_is_missing(tmp_path):
+    """A first argument meant as the config file but not a .json/.yaml path (a typo, or the config's directory) is
+    one error about that file, with the config files beside it (not 'unexpected value ... (values must follow a
+    --key)' plus 'required key output_dir is missing')."""
+    (tmp_path / "sft.json").write_text("{}")
+    with pytest.raises(ValueError) as e:
+        parse_sft_args([str(tmp_path / "sft.jsn")])
+    msg = str(e.value)
+    assert "does not exist" in msg and f"did you mean {str(tmp_path / 'sft.json')!r}" in msg
+    assert "output_dir" not in msg and "\n" not in msg
+    with pytest.raises(ValueError, match=r"is a directory\. The first argument must be a config file.*holds: sft\.json"):
+        parse_sft_args([str(tmp_path)])
+
+
+def _cli_error(*argv: str) -> str:
+    with pytest.raises(ValueError) as info:
+        parse_sft_args([SFT_JSON, *argv])
+    return str(info.value)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--output_dir"], "command line: --output_dir needs a value (str) but it is the last argument; "
+                       "write --output_dir <value>"),
+    (["--output_dir", "--max_steps", "3"], "command line: --output_dir needs a value (str) but it is followed by "
+                                           "--max_steps; write --output_dir <value>"),
+    (["--max_steps", "--bf16", "false"], "--max_steps needs a value (int) but it is followed by --bf16"),
+    (["--foo", "3"], "command line: unknown key 'foo'; --help lists every key"),
+    (["--max_stesp", "3"], "command line: unknown key 'max_stesp'; did you mean 'max_steps'"),
+    (["--max_steps", "3", "--max_steps", "4"], "command line: --max_steps given twice; keep one"),
+    (["--max_steps=3", "--max_steps", "4"], "command line: --max_steps given twice; keep one"),
+    (["--max_steps", "3", "4"], "command line: --max_steps takes one value, got 2: 3 4"),
+    (["--max_steps=x"], "command line: --max_steps: expected an int, got 'x'"),
+    (["--max_steps", "3", SFT_JSON], "the config file must be the first argument"),
+    (["3"], "command line: unexpected value '3' (values must follow a --key)"),
+])
+def test_malformed_command_line_is_one_line_naming_the_flag(argv, expected):
+    msg = _cli_error(*argv)
+    assert expected in msg
+    assert "\n" not in msg  # one line: no "N problem(s)" list with a second, misleading entry
+    assert "sft.json" not in msg or "config file" in msg  # the JSON is not blamed for a command-line mistake
+
+
+def test_command_line_accepts_equals_dashes_and_bare_booleans():
+    _, _, args = parse_sft_args([SFT_JSON, "--max_steps=3", "--output-dir", "/tmp/o", "--bf16", "--do_eval",
+                                 "false", "--report_to", "none"])
+    assert (args.max_steps, args.output_dir, args.bf16, args.do_eval) == (3, "/tmp/o", True, False)
+
+
+def test_several_command_line_problems_are_listed_together():
+    msg = _cli_error("--output_dir", "--foo", "1")
+    assert msg.startswith("2 problem(s) in the arguments:")
+    assert "--output_dir needs a value" in msg and "unknown key 'foo'" in msg
+    assert "required key 'output_dir'" not in msg  # the flag's own error, not a second 'missing' one
+
+
+def test_no_arguments_asks_for_a_config_file():
+    with pytest.raises(ValueError, match="no arguments: give a JSON config first"):
+        PdArgumentParser((TrainingArguments,)).parse([])
+
+
+@pytest.mark.parametrize("text,expected", [("", "the config file is empty"),
+                                           ('{"output_dir": "o",\n}', "trailing comma"),
+                                           ('{"report_to": ["none",]}', "trailing comma")])
+def test_empty_config_and_trailing_comma_are_named(tmp_path, text, expected):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(text)
+    with pytest.raises(ValueError, match=expected):
+        PdArgumentParser((TrainingArguments,)).parse([str(cfg)])
+
+
+def test_post_init_value_error_names_the_config_file(tmp_path):
+    """A value rejected by a dataclass's __post_init__ names the config file it came from."""
+    from trainer_fixtures import load_run_finetune
+
+    cfg = json.loads(open(SFT_JSON).read())
+    cfg["evaluation_strategy"] = "step"  # a typo of "steps"
+    path = tmp_path / "my_sft.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        load_run_finetune().parse_args([str(path)])
+    assert "evaluation_strategy" in str(e.value)  # names the key and the allowed values already
+    assert str(path) in str(e.value)

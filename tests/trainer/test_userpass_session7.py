@@ -21,28 +21,6 @@ def _write(path, lines):
     return str(path)
 
 
-def test_config_json_with_utf8_bom_parses(tmp_path):
-    # was: "/x.json:1:1: invalid JSON: Unexpected UTF-8 BOM" for a config saved by a Windows editor (the data
-    # reader already skips a BOM)
-    from paddlenlp_ext.trainer.arguments import parse_sft_args
-
-    path = tmp_path / "sft.json"
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"output_dir": str(tmp_path / "out"), "max_steps": 3,
-                                                   "dataset_name_or_path": "data/sft"}).encode())
-    _, _, training_args = parse_sft_args([str(path)])
-    assert training_args.max_steps == 3
-
-
-def test_config_json_not_utf8_names_file_line_and_column(tmp_path):
-    # was: "error: 'utf-8' codec can't decode byte 0xe9 in position 24" with no file named
-    from paddlenlp_ext.trainer.arguments import parse_sft_args
-
-    path = tmp_path / "latin1.json"
-    path.write_bytes(b'{\n "output_dir": "/tmp/caf\xe9"\n}\n')
-    with pytest.raises(ValueError, match=r"latin1\.json:2:\d+: not UTF-8 \(byte 0xe9\); save the config file as UTF-8"):
-        parse_sft_args([str(path)])
-
-
 @pytest.fixture(scope="module")
 def tiny_job(tmp_path_factory, make_tiny_sft_job):
     return make_tiny_sft_job(tmp_path_factory.mktemp("userpass7"), n_train=4, n_dev=2)

@@ -26,21 +26,6 @@ def tiny_pairs(tmp_path_factory):
     return make_tiny_model_dir(str(d / "model")), write_pairs(str(d / "train.jsonl"), 8)
 
 
-@pytest.mark.parametrize("value, want", [(True, "true"), ("true", "true"), (False, "false"), ("false", "false"),
-                                         (None, None), ("/x/checkpoint-4", "/x/checkpoint-4")])
-def test_resume_from_checkpoint_takes_json_true_and_false(tmp_path, value, want):
-    # was: "resume_from_checkpoint": true / false (PaddleNLP's Trainer takes the bools: the latest checkpoint / no
-    # resume) were refused with "expected a string, got bool True", while the strings "true" / "false" worked and
-    # an error even suggested "true"
-    from paddlenlp_ext.trainer.arguments import parse_sft_args
-
-    cfg = tmp_path / "sft.json"
-    cfg.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "dataset_name_or_path": "data/sft",
-                               "resume_from_checkpoint": value}))
-    _, _, training_args = parse_sft_args([str(cfg)])
-    assert training_args.resume_from_checkpoint == want
-
-
 def test_merge_lora_params_refuses_an_output_dir_holding_an_adapter(tmp_path):
     # was: --output_path <another LoRA run's output_dir> wrote the merged weights beside that adapter's files, so
     # transformers (with peft) loads the merged model with that adapter applied on top (the reason --output_path =

@@ -106,17 +106,3 @@ def test_max_length_past_max_position_embeddings_warns_once(sft_job, pairs, tmp_
     assert "max_position_embeddings" not in caplog.text
 
 
-def test_mistyped_config_path_says_the_file_is_missing(tmp_path):
-    """A first argument meant as the config file but not a .json/.yaml path (a typo, or the config's directory) is
-    one error about that file, with the config files beside it; it was 'unexpected value ... (values must follow a
-    --key)' plus a misleading 'required key output_dir is missing' (new-user pass, session 9)."""
-    from paddlenlp_ext.trainer.arguments import parse_sft_args
-
-    (tmp_path / "sft.json").write_text("{}")
-    with pytest.raises(ValueError) as e:
-        parse_sft_args([str(tmp_path / "sft.jsn")])
-    msg = str(e.value)
-    assert "does not exist" in msg and f"did you mean {str(tmp_path / 'sft.json')!r}" in msg
-    assert "output_dir" not in msg and "\n" not in msg
-    with pytest.raises(ValueError, match=r"is a directory\. The first argument must be a config file.*holds: sft\.json"):
-        parse_sft_args([str(tmp_path)])

@@ -1,5 +1,6 @@
-"""Usability fixes of the argument parsing: list-typed keys on the command line (JSON lists, commas), parallel
-degrees that cannot mean anything (0, < -1), and save_total_limit <= 0 (keeps all, said aloud)."""
+"""Value checks of the argument dataclasses: list-typed keys on the command line (JSON lists, commas), parallel
+degrees that cannot mean anything (0, < -1), save_total_limit <= 0 (keeps all, said aloud when checkpoints are
+saved), seed outside numpy's range, chat_max_new_tokens < 1 (run_finetune's chat after training)."""
 
 import json
 import logging
@@ -9,6 +10,7 @@ import pytest
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.arguments import DataArgument, ModelArgument, SFTConfig, TrainingArguments
 from paddlenlp_ext.trl.arguments import DPOTrainingArguments, RMTrainingArguments
+from trainer_fixtures import load_run_finetune
 
 
 def _parse(tmp_path, *cli, cfg=None):
@@ -19,7 +21,7 @@ def _parse(tmp_path, *cli, cfg=None):
 
 # ------------------------------------------------------------------------------------------------ list-typed keys
 @pytest.mark.parametrize("cli, expected", [
-    (["--report_to", "[]"], []),  # was ['[]'], then refused by the report_to check
+    (["--report_to", "[]"], []),  # a JSON list, not the string '[]'
     (["--report_to", '["tensorboard"]'], ["tensorboard"]),
     (["--report_to", '["tensorboard", "visualdl"]'], ["tensorboard", "visualdl"]),
     (["--report_to", "tensorboard,visualdl"], ["tensorboard", "visualdl"]),
@@ -34,7 +36,7 @@ def test_report_to_from_the_command_line(tmp_path, cli, expected):
 
 
 @pytest.mark.parametrize("cli, expected", [
-    (["--lora_target_modules", '["q_proj", "v_proj"]'], ["q_proj", "v_proj"]),  # was ['["q_proj"', '"v_proj"]']
+    (["--lora_target_modules", '["q_proj", "v_proj"]'], ["q_proj", "v_proj"]),  # a JSON list, not split at its commas
     (["--lora_target_modules", "[q_proj,", "v_proj]"], ["q_proj", "v_proj"]),  # the shell's split of [q_proj, v_proj]
     (["--lora_target_modules", "[q_proj,v_proj]"], ["q_proj", "v_proj"]),
     (["--lora_target_modules", "q_proj,v_proj"], ["q_proj", "v_proj"]),
@@ -119,3 +121,49 @@ def test_save_total_limit_zero_rotates_nothing(tmp_path):
     for step in (1, 2, 3):
         save_checkpoint(str(tmp_path), step, model, opt, sched, {"global_step": step}, {}, save_total_limit=0)
     assert [p.name for p in list_checkpoints(str(tmp_path))] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_seed_out_of_numpys_range_names_the_key(tmp_path, seed):
+    # a config error naming the key, at parse time (not numpy's bare message from set_seed after the output checks)
+    with pytest.raises(ValueError, match=rf"seed must be in \[0, 2\*\*32 - 1\], got {seed}"):
+        TrainingArguments(output_dir=str(tmp_path / "out"), seed=seed)
+
+
+def test_seed_bounds_accepted(tmp_path):
+    for seed in (0, 2**32 - 1):
+        assert TrainingArguments(output_dir=str(tmp_path / "out"), seed=seed).seed == seed
+
+
+def _limit_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if "save_total_limit" in r.getMessage()]
+
+
+def test_save_total_limit_zero_without_saving_is_quiet(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        TrainingArguments(output_dir=str(tmp_path / "o"), save_total_limit=0, save_strategy="no")
+    assert not _limit_warnings(caplog)
+
+
+def test_save_total_limit_zero_with_saving_warns_once(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        TrainingArguments(output_dir=str(tmp_path / "o"), save_total_limit=0, save_strategy="steps")
+    assert len(_limit_warnings(caplog)) == 1
+
+
+def _chat_cfg(tmp_path, **over):
+    cfg = {"model_name_or_path": "m", "dataset_name_or_path": "d", "output_dir": str(tmp_path / "out")}
+    cfg.update(over)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    return [str(tmp_path / "c.json")]
+
+
+def test_chat_max_new_tokens_below_one_is_refused(tmp_path):
+    # an empty reply is no chat; predict.py refuses --max_new_tokens < 1 the same way
+    with pytest.raises(ValueError, match="chat_max_new_tokens must be >= 1"):
+        load_run_finetune().parse_args(_chat_cfg(tmp_path, chat_max_new_tokens=0))
+
+
+def test_chat_max_new_tokens_unchecked_without_the_chat(tmp_path):
+    *_, chat = load_run_finetune().parse_args(_chat_cfg(tmp_path, chat_max_new_tokens=0, chat_after_train=False))
+    assert not chat.chat_after_train

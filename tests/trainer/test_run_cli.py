@@ -1,7 +1,16 @@
-"""Ctrl-C during a launcher run: one line saying how to resume, exit status 130 (was a KeyboardInterrupt traceback
-from wherever the optimizer happened to be)."""
+"""run_cli, the launchers' entry point: Ctrl-C and SIGTERM are one line saying how to resume (exit status 130 and
+143, not a traceback from wherever the optimizer happened to be); a user error or a failed save is one ``error:``
+line naming the config file; the overwrite_output_dir run's previous_run/ is named and kept."""
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+from paddlenlp_ext.trainer import checkpoint as ckpt
 
 from paddlenlp_ext.trainer.launch import run_cli
 
@@ -35,8 +44,8 @@ def test_traceback_on_request(monkeypatch):
 
 
 def test_user_error_names_the_config_file(capsys, monkeypatch, tmp_path):
-    """A data / path error found after parsing names the JSON config it came from (was the message alone: with
-    several configs at hand, which one had the bad dataset_name_or_path?)."""
+    """A data / path error found after parsing names the JSON config it came from (with several configs at hand,
+    which one had the bad dataset_name_or_path?)."""
     monkeypatch.delenv("PADDLENLP_EXT_TRACEBACK", raising=False)
     config = tmp_path / "sft.json"
     config.write_text("{}")
@@ -64,10 +73,8 @@ def test_user_error_names_the_config_file(capsys, monkeypatch, tmp_path):
 
 
 def test_sigterm_unwinds_like_ctrl_c(capsys, monkeypatch):
-    """SIGTERM (timeout, Slurm, Kubernetes) killed the process at once: no message, and the output_dir lock and
-    other cleanup were skipped (new-user pass, session 13). It now unwinds like Ctrl-C and exits 143; the default
-    handler is back afterwards."""
-    import os
+    """SIGTERM (timeout, Slurm, Kubernetes) unwinds like Ctrl-C (the output_dir lock and other cleanup run) and
+    exits 143; the default handler is back afterwards."""
     import signal
     import time
 
@@ -99,8 +106,8 @@ def _args(out, overwrite):
 
 
 def test_interrupt_after_overwrite_names_previous_run(capsys, monkeypatch, tmp_path):
-    """After an overwrite_output_dir run was stopped, the message said 'rerun the same command to resume', which
-    starts over instead, and did not say where the replaced run was (new-user pass, session 13)."""
+    """An overwrite_output_dir run stopped before saving: the message says where the replaced run is kept, not
+    'rerun the same command to resume' (which would start over)."""
     from paddlenlp_ext.trainer.launch import resume_target
 
     monkeypatch.delenv("PADDLENLP_EXT_TRACEBACK", raising=False)
@@ -128,8 +135,8 @@ def test_interrupt_after_overwrite_names_previous_run(capsys, monkeypatch, tmp_p
 
 
 def test_plain_run_refuses_previous_run(tmp_path):
-    """A plain rerun after an overwrite run stopped before saving started from scratch and deleted previous_run/
-    (the replaced model) at its first save, without being asked to overwrite (new-user pass, session 13)."""
+    """A plain rerun after an overwrite run stopped before saving is refused: it would start from scratch and delete
+    previous_run/ (the replaced model) at its first save without being asked to overwrite."""
     from paddlenlp_ext.trainer.launch import resume_target
 
     (tmp_path / "previous_run").mkdir()
@@ -143,11 +150,10 @@ def test_plain_run_refuses_previous_run(tmp_path):
 
 
 def test_sigterm_during_a_checkpoint_write_stays_sigterm():
-    """A SIGTERM that hit a checkpoint write came out as a plain Ctrl-C ('interrupted', exit 130): the write's
-    wrapper re-raised a new KeyboardInterrupt (found with `timeout 100 run_finetune.py ...`, session 13)."""
+    """A SIGTERM that hits a checkpoint write stays a SIGTERM (exit 143), not a plain Ctrl-C ('interrupted', exit
+    130) re-raised by the write's wrapper."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from paddlenlp_ext.trainer import checkpoint as ckpt
     from paddlenlp_ext.trainer.launch import _Terminated
 
     wrapped = CheckpointException("write", {0: (_Terminated(), [])})
@@ -160,3 +166,26 @@ def test_sigterm_during_a_checkpoint_write_stays_sigterm():
         with pytest.raises(KeyboardInterrupt) as e:
             ckpt.reraise_interrupt(err)
     assert type(e.value) is _Terminated
+
+
+def test_save_error_is_one_line(capsys, monkeypatch):
+    def main(argv):
+        raise ckpt.SaveError(errno.ENOSPC, "could not write checkpoint checkpoint-4 to /x (...)")
+
+    monkeypatch.setattr(sys, "argv", ["run_finetune.py"])
+    monkeypatch.setenv("PADDLENLP_EXT_TRACEBACK", "0")
+    with pytest.raises(SystemExit) as info:
+        run_cli(main)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not write checkpoint checkpoint-4 to /x") and "Traceback" not in err
+
+
+def test_launcher_prints_a_command_line_mistake_as_one_error_line():
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "llm" / "run_finetune.py"),
+                           str(root / "config" / "smollm2" / "sft.json"), "--output_dir"], capture_output=True,
+                          text=True, env=dict(os.environ, PADDLENLP_EXT_TRACEBACK="0"), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[0] == ("error: command line: --output_dir needs a value (str) but it is the "
+                                           "last argument; write --output_dir <value> (or --output_dir=<value>)")
