@@ -1,4 +1,5 @@
-"""Single-process tests of the layout rules, config checks and the world-size-1 no-op path."""
+"""Single-process tests of the layout rules, config checks (the sequence-parallel length check among them) and the
+world-size-1 no-op path."""
 
 from __future__ import annotations
 
@@ -132,3 +133,16 @@ def test_tp_fp32_reduce_default_is_fp32_under_tp(tp, given, want):
     from paddlenlp_ext.distributed.parallelize import _fp32_reduce
 
     assert _fp32_reduce(SimpleNamespace(tp=tp, tp_fp32_reduce=given)) is want
+
+
+def test_sequence_parallel_odd_length_error_names_the_keys():
+    """``sequence_parallel`` with ``zero_padding: false``: batches are padded to their longest row, and an odd length
+    cannot be split over 2 ranks; the error names the keys that pad batches to an even length (checked:
+    ``pad_to_multiple_of: 2`` then trains 6 steps under TP 2)."""
+    from paddlenlp_ext.distributed.parallelize import _check_sequence_divisible
+
+    hook = _check_sequence_divisible(2)
+    hook(None, (torch.zeros(1, 44, dtype=torch.long),), {})  # even: passes
+    with pytest.raises(ValueError, match=r"sequence length 45 .* zero_padding: true \(packs\) or "
+                                         r"pad_to_max_length: true, else pad_to_multiple_of: 2"):
+        hook(None, (torch.zeros(1, 45, dtype=torch.long),), {})

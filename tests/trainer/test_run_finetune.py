@@ -1,7 +1,10 @@
 """llm/run_finetune.py end to end on a tiny random Llama (SmolLM2 tokenizer), in-process: training, dev loss,
-checkpoint, auto-resume, and a Hugging Face directory that ``transformers`` loads to the same logits."""
+checkpoint, auto-resume (the dev loss "before" of a resumed run is the checkpoint's; the data keys that decide the
+packs are recorded and a change is warned), and a Hugging Face directory that ``transformers`` loads to the same
+logits."""
 
 import json
+import logging
 import os
 import sys
 
@@ -197,3 +200,41 @@ def test_cli_help_and_user_errors_without_traceback(tmp_path):
                               timeout=120)
         assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr
         assert proc.stderr.startswith("error: ")
+
+
+# one optimizer step per micro-batch, a checkpoint every 2 steps: resumed runs of a few steps
+_RESUME = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "per_device_eval_batch_size": 2,
+           "learning_rate": 1e-2, "warmup_steps": 0, "logging_steps": 1, "save_steps": 2, "save_strategy": "steps",
+           "max_length": 96, "src_length": 48, "flash_mask": True, "do_train": True, "do_eval": True,
+           "disable_tqdm": True, "chat_after_train": False, "report_to": "none"}
+
+
+def test_resumed_dev_loss_before_is_the_checkpoints(tiny_job, caplog):
+    # dev_loss_before is evaluated after train(resume_from_checkpoint=...) loads the checkpoint: the model the run
+    # goes on training, not the base model it loaded first
+    mod = load_run_finetune()
+    out = tiny_job / "out_resumed_dev_loss"
+    first = mod.main(write_sft_config(tiny_job, out, _RESUME, max_steps=2))
+    assert (out / "checkpoint-2").is_dir()
+    assert abs(first["dev_loss_after"] - first["dev_loss_before"]) > 1e-3  # else the test has no teeth
+    second = mod.main(write_sft_config(tiny_job, out, _RESUME, max_steps=4))
+    assert second["global_step"] == 4
+    # dev_loss_after of the first run: the model at step 2, i.e. the checkpoint's weights
+    assert second["dev_loss_before"] == pytest.approx(first["dev_loss_after"], rel=1e-5)
+    # a rerun with nothing left to train reports no "before"
+    assert "dev_loss_before" not in mod.main(write_sft_config(tiny_job, out, _RESUME, max_steps=4))
+
+
+def test_launcher_records_the_data_keys_and_warns_when_one_changes(tiny_job, caplog):
+    mod = load_run_finetune()
+    out = tiny_job / "order"
+    mod.main(write_sft_config(tiny_job, out, _RESUME, max_steps=2, do_eval=False))
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["data_order"]["seed"] == 42 and state["data_order"]["max_length"] == 96
+    assert state["data_order"]["dataset_name_or_path"] == str(tiny_job / "data")
+    with caplog.at_level(logging.WARNING):
+        mod.main(write_sft_config(tiny_job, out, _RESUME, max_steps=3, do_eval=False))
+    assert "data order" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        mod.main(write_sft_config(tiny_job, out, _RESUME, max_steps=4, do_eval=False, src_length=40))
+    assert "src_length=40 (the checkpoint's run: 48)" in caplog.text

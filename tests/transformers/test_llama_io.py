@@ -1,4 +1,5 @@
-"""save_pretrained / from_pretrained (single, sharded, tied), transformers interop, generation, auto, GGUF helpers."""
+"""save_pretrained / from_pretrained (single, sharded, tied; atomic_save_dir replaces stale shards), transformers
+interop, generation and its sampling filters, auto classes, GGUF helpers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from _llama_testing import LLAMA3_ROPE, tiny_model
 from paddlenlp_ext.transformers import AutoModelForCausalLM, LlamaForCausalLM, resolve_model_name_or_path
 from paddlenlp_ext.transformers import gguf_import
 from paddlenlp_ext.transformers.generation import _filter_logits, generate
-from paddlenlp_ext.transformers.model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from paddlenlp_ext.transformers.model_utils import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, atomic_save_dir
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -189,3 +190,44 @@ def test_auto_dispatches_ernie(tmp_path):
     ids = torch.randint(0, 128, (1, 8))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), model.eval()(ids), rtol=0, atol=0)
+
+
+def test_top_p_zero_keeps_only_the_top_token_and_bad_sampling_values_raise():
+    # top_p=0 (the usual "near greedy") keeps the top token only, not the whole distribution; top_p outside [0, 1]
+    # and top_k < 0 are errors, not "no filter" (llm/predict.py --top_p 0 / 1.5 / --top_k -2)
+    logits = torch.tensor([[0.5, 3.0, 1.0, -2.0]])
+    kept = torch.isfinite(_filter_logits(logits, 0, 0.0))[0]
+    assert kept.tolist() == [False, True, False, False]
+    assert torch.isfinite(_filter_logits(logits, 0, 1.0)).all()  # 1 = no filter
+
+    class Uniformish(torch.nn.Module):
+        def forward(self, ids):  # [B, L] -> logits [B, L, 4]: token 1 most likely, all others possible
+            return logits.expand(ids.shape[0], ids.shape[1], 4)
+
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    out = generate(Uniformish(), ids, 32, do_sample=True, top_p=0.0, use_cache=False, generator=g)
+    assert out[0, 1:].tolist() == [1] * 32
+    for kw in ({"top_p": 1.5}, {"top_p": -0.1}, {"top_k": -2}):
+        with pytest.raises(ValueError, match="0 <= top_p <= 1"):
+            generate(Uniformish(), ids, 2, do_sample=True, use_cache=False, **kw)
+
+
+def _save_files(d, files):
+    """Write ``{name: text}`` into ``d`` through ``atomic_save_dir``."""
+    with atomic_save_dir(str(d)) as tmp:
+        for name, data in files.items():
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(data)
+
+
+def test_model_save_removes_stale_shards_adapter_save_keeps_model(tmp_path):
+    d = tmp_path / "out"
+    _save_files(d, {WEIGHTS_INDEX_NAME: "i", "model-00001-of-00002.safetensors": "a", "tokenizer.json": "t"})
+    _save_files(d, {WEIGHTS_NAME: "m", "config.json": "c"})  # re-saved unsharded: the old shards are stale
+    assert sorted(os.listdir(d)) == ["config.json", WEIGHTS_NAME, "tokenizer.json"]
+    _save_files(d, {"adapter_model.safetensors": "l", "adapter_config.json": "ac"})  # adapter beside the model
+    assert sorted(os.listdir(d)) == ["adapter_config.json", "adapter_model.safetensors", "config.json",
+                                     WEIGHTS_NAME, "tokenizer.json"]
+    assert (d / WEIGHTS_NAME).read_text() == "m"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".out.tmp")]
