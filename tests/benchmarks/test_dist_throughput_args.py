@@ -1,5 +1,5 @@
 """``benchmarks/dist_throughput.py`` without a GPU: the real shapes stop at once with a pointer to ``--tiny``
-(they used to build the 1B model on the CPU silently, for minutes)."""
+(not a silent build of the 1B model on the CPU, for minutes)."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""benchmarks/e2e_train.py levers and rows added for issue 8: loss / fused-op switches per setup, ``--profile``,
+"""benchmarks/e2e_train.py levers and rows: loss / fused-op switches per setup, ``--profile``,
 the DPO rows, ``--model llama8b_lora`` and ``--model ernie3b``; each a ``--tiny`` run on CPU."""
 
 import pytest

@@ -1,5 +1,5 @@
-"""A chat template that ends the assistant turn with no special token (plain ``role content`` text) used to train
-no end-of-answer label at all, so the fine-tuned model never learned to stop: each assistant turn now gets
+"""A chat template that ends the assistant turn with no special token (plain ``role content`` text) would train no
+end-of-answer label at all, and the fine-tuned model would never learn to stop: each assistant turn gets
 ``eos_token`` appended to its learned tokens, with one warning per template."""
 
 import logging

@@ -80,8 +80,8 @@ def test_alignment_launchers_match_one_process(job, launcher, layout):
 
 def test_dpo_lora_head_tp2_loss_parallel_matches_one_process(job):
     """LoRA on ``lm_head`` makes the head no plain ``nn.Linear``, so DPO takes the full-logits path; under TP 2 with
-    ``tensor_parallel_output`` those logits are a vocab-sharded DTensor (it raised "aten.index.Tensor got mixed
-    torch.Tensor and DTensor" before session 8)."""
+    ``tensor_parallel_output`` those logits are a vocab-sharded DTensor, which the log-prob gather must handle (not
+    "aten.index.Tensor got mixed torch.Tensor and DTensor")."""
     lora = {"lora": True, "lora_rank": 4, "lora_target_modules": "q_proj,lm_head"}
     ref = _launch(job, "run_dpo.py", "dpo_lora_head_single", 1, **lora)
     two = _launch(job, "run_dpo.py", "dpo_lora_head_tp2", 2, tensor_parallel_degree=2, tensor_parallel_output=True,

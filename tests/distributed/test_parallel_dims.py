@@ -128,8 +128,8 @@ def test_product_mismatch_with_derived_replicas_names_no_unset_key():
 @pytest.mark.parametrize("tp,given,want", [(2, None, True), (4, None, True), (2, False, False), (2, True, True),
                                            (1, None, False)])
 def test_tp_fp32_reduce_default_is_fp32_under_tp(tp, given, want):
-    """``tp_fp32_reduce=None`` sums row-parallel partials in fp32 for every TP degree (session 9: at TP 2 on two H200s
-    the bf16 sums drifted further from one GPU at the same speed; docs/distributed_gpu_results.md); False keeps bf16."""
+    """``tp_fp32_reduce=None`` sums row-parallel partials in fp32 for every TP degree (at TP 2 on two H200s the
+    bf16 sums drift further from one GPU at the same speed; docs/distributed_gpu_results.md); False keeps bf16."""
     from paddlenlp_ext.distributed.parallelize import _fp32_reduce
 
     assert _fp32_reduce(SimpleNamespace(tp=tp, tp_fp32_reduce=given)) is want

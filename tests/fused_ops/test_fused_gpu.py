@@ -2,7 +2,7 @@
 
 Bounds are derived from same-dtype eager runs against an fp64 run: the fused result may be off by at most a small
 multiple of the eager result's own error (fp32: 4x + 16 ulps of the largest value: Inductor contracts to FMAs
-and re-associates the RMSNorm sum, measured 7 ulps on the H200 where eager fp32 was exact; bf16: 1.5x in relative Frobenius norm + one bf16
+and re-associates the RMSNorm sum, measured 7 ulps on the H200 where eager fp32 is exact; bf16: 1.5x in relative Frobenius norm + one bf16
 rounding), so a wrong formula (a missing cast, a dropped ignore mask) fails while re-association passes.
 """
 

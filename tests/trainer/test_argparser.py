@@ -220,10 +220,9 @@ def test_yaml_config_and_cli(tmp_path):
 
 
 def test_type_and_value_errors_are_reported_together(tmp_path):
-    """A value that did not convert (bf16: "maybe") kept its dataclass from being built, so the value checks of
-    its __post_init__ (lr_scheduler_type, sharding, warmup_ratio) showed up only on the next run; and they came as
-    one long line (new-user pass, session 13). Now: all of them, one problem per line, and no problem about the
-    default that stood in for the bad value."""
+    """A value that does not convert (bf16: "maybe") still lets the value checks of its dataclass's __post_init__
+    (lr_scheduler_type, sharding, warmup_ratio) run, so all problems show in one run: one problem per line, and no
+    problem about the default that stands in for the bad value."""
     cfg = write(tmp_path, {"output_dir": "o", "bf16": "maybe", "max_steps": True, "lr_scheduler_type": "cosin",
                            "sharding": "stage9", "warmup_ratio": 2.0, "fp16_opt_level": "O2"})
     with pytest.raises(ValueError) as e:

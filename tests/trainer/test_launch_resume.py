@@ -77,14 +77,14 @@ def test_overwrite_starts_over_and_removes_old_outputs(tmp_path):
     assert sorted(os.listdir(kept)) == ["adapter_config.json", "adapter_model.safetensors", "checkpoint-2",
                                         "checkpoint-4", "config.json", "merged", "model.safetensors", "runs"]
     with pytest.raises(ValueError, match="holds previous_run/"):  # nothing to resume, and a plain run would
-        resume_target(_args(tmp_path))  # delete the replaced model at its first save (session 13)
+        resume_target(_args(tmp_path))  # delete the replaced model at its first save
     drop_previous_run(tmp_path)  # the Trainer, after the new run's first save
     assert sorted(os.listdir(tmp_path)) == ["notes.txt", "tokenizer.json"]
 
 
 def test_overwrite_after_an_unsaved_overwrite_keeps_the_saved_run(tmp_path):
     """A second overwrite after a run that died before saving: previous_run/ still holds the last saved run
-    (kept); the dead run's leftovers at the top level are what gets removed."""
+    (kept); the dead run's files at the top level are what gets removed."""
     (tmp_path / "model.safetensors").write_bytes(b"old")
     args = _args(tmp_path, overwrite_output_dir=True)
     clear_previous_run(args)

@@ -120,7 +120,7 @@ def test_failed_run_into_a_new_dir_leaves_no_empty_dir(tiny_job):
 
 
 def test_failed_run_leaves_no_empty_parent_dirs_either(tiny_job):
-    # was: the empty ./checkpoints/ (makedirs' parent of output_dir) stayed after a run that failed at once
+    # makedirs' parents of output_dir (an empty ./checkpoints/) go too when a run fails at once
     mod = load_run_finetune()
     out = tiny_job / "new_parent" / "deeper" / "never"
     argv = _argv(tiny_job, tiny_job / "cfg_np", chat_template=str(tiny_job / "typo.jinja"))  # config beside it

@@ -1,6 +1,6 @@
 """overwrite_output_dir removes the previous run's model only once the new run has loaded its model and data:
 a mistake found while loading (here a chat_template path typo, or a data split with nothing that fits) leaves
-the previous model in place (it used to be deleted first, then the run failed)."""
+the previous model in place (not deleted first, then the run failed)."""
 
 import pytest
 
@@ -41,7 +41,7 @@ def test_failed_rerun_keeps_the_previous_model(tiny_job):
 
 def test_run_that_dies_before_saving_keeps_the_previous_model(tiny_job, monkeypatch):
     """overwrite_output_dir moves the old run to output_dir/previous_run/ and deletes it only after the new run
-    has saved: a run killed before that (out of memory) used to lose both the old model and the new one."""
+    has saved: a run killed before that (out of memory) keeps the old model."""
     mod = _launcher()
     out = tiny_job / "out_killed"
     mod.main(_argv(tiny_job, out))

@@ -1,7 +1,7 @@
 """The progress bar and other output share the terminal: log records during training go through tqdm (a line of
 their own, the bar redrawn below), and the bar is closed when training stops by Ctrl-C or an error, so that the
-launcher's message starts a new line (new-user pass, session 13: 'train: 50%|...|[23:37:27] [INFO] ... saved
-checkpoint' and 'train: 0%|...|interrupted: rerun ...' were written on the bar's line)."""
+launcher's message starts a new line (not 'train: 50%|...|[23:37:27] [INFO] ... saved checkpoint' or
+'train: 0%|...|interrupted: rerun ...' on the bar's line)."""
 
 import logging
 import re

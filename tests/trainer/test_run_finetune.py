@@ -188,7 +188,7 @@ def test_cli_help_and_user_errors_without_traceback(tmp_path):
     env = dict(os.environ, PADDLENLP_EXT_TRACEBACK="0")
     helped = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert helped.returncode == 0 and "--learning_rate (float, default" in helped.stdout
-    # keys without a help text end at their note (were ': .', 19 of them; session-11 user pass)
+    # keys without a help text end at their note, not at ': .'
     assert not [ln for ln in helped.stdout.splitlines() if ln.startswith("  --") and ln.rstrip().endswith((": .", ":"))]
     (tmp_path / "afile").write_text("x")
     for cfg, expected in (({"output_dir": str(tmp_path / "o"), "learning_rat": 1e-4}, "did you mean 'learning_rate'"),

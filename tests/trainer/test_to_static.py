@@ -141,8 +141,8 @@ def test_new_lengths_compile_once_dynamic():
 
 def test_deep_copy_of_a_compiled_model_runs_its_own_weights():
     """``copy.deepcopy`` after ``apply_compile`` (a reference or EMA model): the copy's layers must run the copy's
-    weights, eagerly and compiled (the instance ``forward`` was a closure over the original layer's bound method,
-    copied as is, so the copy silently ran the original layers)."""
+    weights, eagerly and compiled (an instance ``forward`` closed over the original layer's bound method would be
+    copied as is, and the copy would silently run the original layers)."""
     import torch._dynamo
 
     torch._dynamo.reset()

@@ -169,8 +169,8 @@ def test_resume_refuses_a_checkpoint_of_another_trainer(make_args, tiny_model, t
 
 
 def test_resume_with_another_max_steps_records_this_runs(make_args, tiny_model, tmp_path):
-    """trainer_state.json kept the max_steps of the run that saved the checkpoint after a resume under another
-    max_steps (new-user pass, session 13: checkpoint-3 of a resumed --max_steps 3 run said 4)."""
+    """After a resume under another max_steps, trainer_state.json holds this run's max_steps (checkpoint-3 of a
+    resumed --max_steps 3 run says 3, not the first run's 4)."""
     _run(make_args, tiny_model, tmp_path / "o", 3)
     assert json.loads((tmp_path / "o" / "checkpoint-3" / "trainer_state.json").read_text())["max_steps"] == 3
     second = _run(make_args, tiny_model, tmp_path / "o", 6, resume=True)

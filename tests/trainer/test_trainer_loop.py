@@ -151,8 +151,8 @@ def test_trainer_publishes_step_and_replica_rank(make_args, tiny_model, monkeypa
 
 def test_window_clock_excludes_mid_window_eval_and_save(make_args, tiny_model):
     """tokens/s and train_runtime count every step of a window, and no eval or checkpoint time, also when the
-    eval and the save fall inside a logging window (before, the clock restarted there and the window's earlier
-    steps were dropped from the time but not from the tokens). Bounds are from measured intervals, not guesses:
+    eval and the save fall inside a logging window (a clock restarted there would drop the window's earlier steps
+    from the time but not from the tokens). Bounds are from measured intervals, not guesses:
     sum(step times) <= train_runtime <= wall time of train() - sum(pause times)."""
     import time
 

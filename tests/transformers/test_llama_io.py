@@ -87,7 +87,7 @@ def test_save_dtype_and_failed_save_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(mu, "save_state_dict", boom)
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path / "crash")
-    assert sorted(os.listdir(tmp_path)) == ["bf16"]  # no half-written directory, no temp leftovers
+    assert sorted(os.listdir(tmp_path)) == ["bf16"]  # no half-written directory, no temporary files
 
 
 def test_load_errors_are_clear(tmp_path):

@@ -186,7 +186,7 @@ def test_config_validation_and_hf_dict_roundtrip():
 
 
 def test_bf16_autocast_keeps_qkv_dtype():
-    """Under bf16 autocast q/k leave RoPE in bf16 like v (fp32 cos/sin used to promote them; the API rejects mixes)."""
+    """Under bf16 autocast q/k leave RoPE in bf16 like v (fp32 cos/sin would promote them; the API rejects mixes)."""
     from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """do_train false, do_eval true (evaluate a model): each launcher evaluates the dev set once and reports it as the
-"after" figure; it used to evaluate twice (a "before" and an identical "after") with nothing trained between."""
+"after" figure, not twice (a "before" and an identical "after") with nothing trained between."""
 
 import json
 import os

@@ -79,7 +79,7 @@ def test_causal_lm_loader_names_a_reward_model_and_an_adapter_dir(tmp_path):
 
 def test_rm_export_full_disk_is_one_save_error(base, tmp_path, monkeypatch):
     """ENOSPC while the RM Trainer writes its final model: checkpoint.SaveError naming the directory; the
-    temporary directory is removed and an earlier export stays as it was."""
+    temporary directory is removed and an earlier export stays unchanged."""
     import errno
     import types
 
