@@ -1,18 +1,22 @@
 """llm/merge_lora_params.py (PaddleNLP's llm/tools/merge_lora_params.py): merged model == base + adapter; atomic
 output; PaddleNLP's --device / --safe_serialization flags accepted; one-line errors for bad paths, refused before
 the base model loads: an --output_path under a file, holding another adapter or being the base model's directory, an
-adapter on a random-init preset base, a training checkpoint given as the adapter."""
+adapter on a random-init preset base (also warned when such an adapter is saved), a training checkpoint given as the
+adapter."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
 from paddlenlp_ext.peft import LoRALinear, apply_lora, load_merged_lora, merge_lora, save_lora
+from paddlenlp_ext.trainer.launch import save_adapter
 from paddlenlp_ext.transformers import AutoModelForCausalLM
 from tests._scripts import load_script
 from tests.trl._tiny import make_tiny_model_dir
@@ -243,3 +247,17 @@ def test_training_checkpoint_as_adapter_gives_the_export_command(tmp_path):
     with pytest.raises(ValueError, match=r"is a training checkpoint .* --resume_from_checkpoint .*checkpoint-7 "
                                          r"--max_steps 7 --output_dir"):
         _load_script().main(["--lora_path", str(ckpt), "--output_path", str(tmp_path / "merged")])
+
+
+@pytest.mark.parametrize("base,merge,warned", [("ernie/tiny-random-ernie", False, True),
+                                               ("ernie/tiny-random-ernie", True, False),  # SFT merges in-run
+                                               ("/models/llama", False, False)])
+def test_adapter_saved_on_a_random_preset_base_is_warned(tmp_path, monkeypatch, caplog, base, merge, warned):
+    # config/ernie35se/dpo.json: the base weights are never saved, so the adapter alone can never be merged or
+    # reloaded; an SFT run with merge_weights writes the merged model itself
+    monkeypatch.setattr("paddlenlp_ext.peft.save_lora", lambda *a, **k: None)
+    trainer = types.SimpleNamespace(model=None, tokenizer=None, dp=types.SimpleNamespace(is_main=True))
+    with caplog.at_level(logging.WARNING, logger="paddlenlp_ext.trainer.launch"):
+        save_adapter(trainer, types.SimpleNamespace(model_name_or_path=base, merge_weights=merge), str(tmp_path))
+    hits = [r.getMessage() for r in caplog.records if "random-init" in r.getMessage()]
+    assert bool(hits) == warned, hits
