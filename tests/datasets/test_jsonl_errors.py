@@ -118,7 +118,8 @@ def test_preference_null_src_names_file_and_line(tmp_path):
 def test_sft_context_key_clashing_with_apply_chat_template_names_line(tmp_path, key):
     # a context key that apply_chat_template takes itself is refused when the file is read, naming the line
     # (not a TypeError "got multiple values for keyword argument" during tokenisation)
-    path = _write_lines(tmp_path / "train.json", [{"src": "a", "tgt": "b"}, {"src": "a", "tgt": "b", "context": {key: 1}}])
+    path = _write_lines(tmp_path / "train.json", [{"src": "a", "tgt": "b"},
+                                                  {"src": "a", "tgt": "b", "context": {key: 1}}])
     with pytest.raises(ValueError, match=rf"train\.json:2: \"context\" key\(s\) \['{key}'\]"):
         list(iter_jsonl(path))
     # ordinary template variables still pass

@@ -274,7 +274,8 @@ def test_mistyped_config_path_says_the_file_is_missing(tmp_path):
     msg = str(e.value)
     assert "does not exist" in msg and f"did you mean {str(tmp_path / 'sft.json')!r}" in msg
     assert "output_dir" not in msg and "\n" not in msg
-    with pytest.raises(ValueError, match=r"is a directory\. The first argument must be a config file.*holds: sft\.json"):
+    with pytest.raises(ValueError,
+                       match=r"is a directory\. The first argument must be a config file.*holds: sft\.json"):
         parse_sft_args([str(tmp_path)])
 
 

