@@ -109,7 +109,6 @@ def test_full_disk_is_one_save_error_and_leaves_nothing(base_and_adapter, tmp_pa
     the temporary directory removed, no output directory left behind."""
     import errno
 
-    import paddlenlp_ext.transformers.model_utils as model_utils
     from paddlenlp_ext.trainer.checkpoint import SaveError
 
     def enospc(*args, **kwargs):
@@ -117,7 +116,7 @@ def test_full_disk_is_one_save_error_and_leaves_nothing(base_and_adapter, tmp_pa
 
     _, lora, _ = base_and_adapter
     out = tmp_path / "merged"
-    monkeypatch.setattr(model_utils, "save_file", enospc)
+    monkeypatch.setattr("safetensors.torch.save_file", enospc)
     with pytest.raises(SaveError) as info:
         _load_script().main(["--lora_path", lora, "--output_path", str(out)])
     msg = str(info.value)

@@ -186,8 +186,8 @@ def test_predict_data_file_writes_one_json_line_per_record(tiny_chat_model, tmp_
 
 def test_predict_data_file_bad_line_fails_before_the_model_loads(tmp_path, predict):
     data = tmp_path / "dev.json"
-    data.write_text('{"src": "q", "tgt": "a"}\n{"src": "q"}\n')
-    with pytest.raises(ValueError, match=rf"{data}:2: missing key\(s\) \['tgt'\]"):
+    data.write_text('{"src": "q", "tgt": "a"}\n{"prompt": "q"}\n')
+    with pytest.raises(ValueError, match=rf"{data}:2: no \"src\""):
         predict.main(["--model_name_or_path", "/nonexistent/model", "--data_file", str(data)])
     with pytest.raises(ValueError, match="--output_file .* is the --data_file"):
         predict.main(["--data_file", str(data), "--output_file", str(data)])

@@ -106,15 +106,13 @@ def _safetensors_enospc(*args, **kwargs):
 
 @pytest.mark.parametrize("fail", [_enospc, _safetensors_enospc], ids=["OSError", "SafetensorError"])
 def test_final_model_enospc_names_the_directory_and_keeps_the_earlier_model(make_args, tmp_path, monkeypatch, fail):
-    import paddlenlp_ext.transformers.model_utils as model_utils
-
     out = tmp_path / "o"
     t = Trainer(_tiny_llama(), make_args(output_dir=str(out)))
     t.save_model()
     before = _digest(out)
     with torch.no_grad():
         next(t.model.parameters()).add_(1.0)  # a different model, so an overwrite would show
-    monkeypatch.setattr(model_utils, "save_file", fail)
+    monkeypatch.setattr("safetensors.torch.save_file", fail)
     with pytest.raises(ckpt.SaveError) as info:
         t.save_model()
     msg = str(info.value)
