@@ -13,7 +13,7 @@ def make_args(tmp_path):
         base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, per_device_eval_batch_size=4,
                     gradient_accumulation_steps=1, learning_rate=1e-2, max_steps=6, logging_steps=1,
                     save_strategy="no", evaluation_strategy="no", warmup_steps=1, weight_decay=0.01,
-                    disable_tqdm=True, seed=7, device="cpu")
+                    disable_tqdm=True, seed=7, device="cpu", report_to=[])  # no logger unless a test asks
         base.update(kw)
         return TrainingArguments(**base)
     return _make
