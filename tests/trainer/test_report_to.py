@@ -88,7 +88,7 @@ def test_report_to_unset_is_visualdl_and_falls_back_to_tensorboard_with_one_warn
     """PaddleNLP's default logger is VisualDL; without the package, TensorBoard events and one warning."""
     _hide(monkeypatch, "visualdl")
     assert writer_kinds(None) == ["tensorboard"]
-    args = make_args(logging_dir=str(tmp_path / "logs"))
+    args = make_args(logging_dir=str(tmp_path / "logs"), report_to=None)  # unset (make_args turns loggers off)
     assert args.report_to is None
     with caplog.at_level("WARNING", logger="paddlenlp_ext"):
         metrics = MetricsLogger(args, max_steps=1)
@@ -102,7 +102,7 @@ def test_report_to_unset_is_visualdl_and_falls_back_to_tensorboard_with_one_warn
 def test_report_to_unset_with_neither_package_writes_no_logs_and_no_error(make_args, monkeypatch, tmp_path):
     _hide(monkeypatch, "visualdl", "tensorboard")
     assert writer_kinds(None) == []
-    metrics = MetricsLogger(make_args(logging_dir=str(tmp_path / "logs")), max_steps=1)
+    metrics = MetricsLogger(make_args(logging_dir=str(tmp_path / "logs"), report_to=None), max_steps=1)
     metrics.log({"loss": 1.5}, step=1)
     metrics.close()
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
