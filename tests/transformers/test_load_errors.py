@@ -34,10 +34,10 @@ def test_checkpoint_dir_as_model_name_or_path_says_so(tmp_path):
 
 
 def test_unsupported_model_type_names_the_config_file(tmp_path):
-    """A Qwen2 directory: the error names which config.json holds the unsupported model_type."""
+    """A model_type neither native nor known to transformers: the error names the config.json."""
     tiny_model().save_pretrained(tmp_path / "llama")
     cfg = json.loads((tmp_path / "llama" / "config.json").read_text())
-    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    cfg.update(model_type="qwen99", architectures=["Qwen99ForCausalLM"])
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: model_type 'qwen2' is not supported"):
+    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: model_type 'qwen99' is not a model"):
         AutoModelForCausalLM.from_pretrained(str(tmp_path))
