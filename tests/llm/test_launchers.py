@@ -1,6 +1,6 @@
-"""What llm/run_finetune.py, run_dpo.py and run_reward.py share: every shipped config parses with its launcher's
-parser, a run without a model is one error, and packs longer than the model's max_position_embeddings are warned
-once at start-up naming both values and the model's config.json.
+"""What llm/run_finetune.py, run_dpo.py and run_reward.py share: every shipped config (run_pretrain.py's too) parses
+with its launcher's parser, a run without a model is one error, and packs longer than the model's
+max_position_embeddings are warned once at start-up naming both values and the model's config.json.
 
 Tiny random models (``make_tiny_sft_job``: SmolLM2's tokenizer; ``tests/trl/_tiny.py``: a word-level one)."""
 
@@ -68,8 +68,10 @@ def test_every_shipped_config_parses_with_its_launcher(path, monkeypatch):
         parse_dpo_args([path])
     elif kind == "rm":
         parse_rm_args([path])
+    elif kind.startswith("pretrain"):  # pretrain.json, pretrain_3b.json: llm/run_pretrain.py
+        load_script("llm/run_pretrain.py").parse_args([path])
     else:
-        pytest.fail(f"{path}: no launcher known for a config named {kind}.json (sft, lora, dpo, rm)")
+        pytest.fail(f"{path}: no launcher known for a config named {kind}.json (sft, lora, dpo, rm, pretrain*)")
 
 
 def test_sft_without_a_model_is_one_error(sft_job, tmp_path):
