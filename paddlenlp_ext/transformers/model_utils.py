@@ -188,6 +188,14 @@ def atomic_save_dir(save_dir: str):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _owning(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a compact copy when it is a view into a larger storage (a gathered FSDP or TP buffer, a slice of a
+    fused weight): ``huggingface_hub`` refuses tensors that share or only partly cover a storage."""
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def save_state_dict(state_dict: dict[str, torch.Tensor], save_dir: str,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
     """Write tensors as ``model.safetensors``, or as shards + index when larger than ``max_shard_bytes``.
@@ -197,7 +205,7 @@ def save_state_dict(state_dict: dict[str, torch.Tensor], save_dir: str,
     (drop tied duplicates first: a shared one would be dropped from the file) and may live on any device (they are
     copied to CPU). Returns the file names written.
     """
-    sd = {name: t.detach().to("cpu") for name, t in state_dict.items()}
+    sd = {name: _owning(t.detach().to("cpu")) for name, t in state_dict.items()}
     split = split_torch_state_dict_into_shards(sd, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_bytes)
     save_torch_state_dict(sd, save_dir, filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_bytes)
     return list(split.filename_to_tensors) + ([WEIGHTS_INDEX_NAME] if split.is_sharded else [])

@@ -97,3 +97,18 @@ def test_ernie_import_reads_sharded_paddle_safetensors(tmp_path):
     (out / "config.json").write_text((tmp_path / "one" / "config.json").read_text())
     got = load_checkpoint_state_dict(str(out), model.config)
     assert set(got) == set(single) and all(torch.equal(got[k], single[k]) for k in single)
+
+
+def test_views_into_one_buffer_are_saved_as_their_own_tensors(tmp_path):
+    """Parameters gathered into one flat buffer (FSDP, a fused weight's slices) save and reload unchanged."""
+    from safetensors.torch import load_file
+
+    from paddlenlp_ext.transformers.model_utils import save_state_dict
+
+    flat = torch.arange(20, dtype=torch.float32)
+    sd = {"a.weight": flat[:12].view(3, 4), "score.weight": flat[12:].view(2, 4)}
+    save_state_dict(sd, str(tmp_path))
+    loaded = load_file(str(tmp_path / "model.safetensors"))
+    assert set(loaded) == set(sd)
+    for k in sd:
+        torch.testing.assert_close(loaded[k], sd[k])
