@@ -15,7 +15,8 @@ the workers, this module only turns Paddle's flags into its ``LaunchConfig`` and
   together), through a ``LogsSpecs`` of the agent's; local rank 0 is also streamed to the terminal (the agent's
   tee). A restarted worker's earlier log is kept as ``workerlog.<rank>.<attempt>``.
 - ``--max_restarts N``: the agent restarts the whole group after a worker dies; the launchers resume from the
-  newest complete checkpoint (``TORCHELASTIC_RESTART_COUNT`` > 0 also overrides ``overwrite_output_dir``).
+  newest complete checkpoint (``TORCHELASTIC_RESTART_COUNT`` > 0 also overrides ``overwrite_output_dir``). Each
+  restarted group gets a fresh c10d store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), not the dead group's keys.
 - A failure ends with the failing rank's exit status (128 + signal for a killed one) and one ``launch:`` line
   naming it and its log, after the tail of that log unless the terminal already showed it (local rank 0). A config
   or data error is therefore the worker's one ``error:`` line, not once per rank plus the agent's traceback.
@@ -81,7 +82,8 @@ def _devices(gpus: str) -> list[str]:
 
 def launch_config(args):
     """``(LaunchConfig, env)``: the elastic agent's configuration for the parsed flags, and the environment the
-    workers need (``CUDA_VISIBLE_DEVICES``). Raises LaunchError for flags that cannot work."""
+    agent and workers need (``CUDA_VISIBLE_DEVICES``; with restarts, a fresh store per rendezvous round). Raises
+    LaunchError for flags that cannot work."""
     from torch.distributed.launcher.api import LaunchConfig
 
     env = {}
@@ -115,6 +117,12 @@ def launch_config(args):
     # torch's static rendezvous keeps one store prefix across restarts (the restarted group would read the dead
     # group's gloo addresses), so restarts, and nodes without --rank, use c10d, as torchrun --standalone does
     static = args.rank is not None and args.max_restarts == 0 and args.nnodes > 1
+    if not static and args.max_restarts > 0 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ:
+        # c10d's agent hands the workers one TCPStore for every rendezvous round, and init_process_group adds no
+        # per-attempt prefix: a restarted group reads the dead group's keys (gloo's rank_<r> addresses, NCCL ids)
+        # and connects to closed ports or waits forever (pytorch#135712). Opting out of the shared store gives
+        # each round a fresh store on a new port, hosted by worker rank 0, as torchrun did before torch 2.5.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     endpoint = args.master or "localhost:0"
     run_id = args.job_id or (f"paddlenlp_ext-{endpoint.replace(':', '-')}" if args.master else uuid.uuid4().hex[:8])
     config = LaunchConfig(
