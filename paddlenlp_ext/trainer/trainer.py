@@ -463,12 +463,17 @@ class Trainer:
             batch = self._to_device(batch)
             with self._loss_context(), self._autocast():
                 ls, c, metrics = self.compute_loss(self.model, batch)
+            # every pass names its metrics, a filler one too: a rank whose dev share is filler only (fewer dev
+            # packs than data ranks) must all-reduce the same [loss, count, *metrics] vector as the others, or
+            # the ranks' all_reduce sizes differ and the collective hangs
+            for k in metrics:
+                sums.setdefault(k, torch.zeros((), device=self.device, dtype=torch.float64))
             if not real:  # a filler pass: keeps FSDP/TP collectives in step across data ranks, counts nothing
                 continue
             loss_sum += _local(ls).detach().double()  # replicated DTensor under loss_parallel -> plain tensor
             count += torch.as_tensor(c, device=self.device).double()
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().double()
+                sums[k] = sums[k] + torch.as_tensor(v, device=self.device).detach().double()
         keys = sorted(sums)
         packed = self.dp.all_reduce_sum(torch.stack([loss_sum, count, *[sums[k] for k in keys]]))
         values = packed.tolist()
