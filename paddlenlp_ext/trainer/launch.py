@@ -219,6 +219,9 @@ def _run_main(main, argv, resumable: bool) -> None:
 
     try:
         main(argv)
+    except BrokenPipeError:  # `--help | head`: the reader left; end quietly with the shell's status for SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None
     except (ValueError, FileNotFoundError, NotADirectoryError, SaveError) as e:
         if os.environ.get("PADDLENLP_EXT_TRACEBACK", "0") not in ("", "0"):
             raise

@@ -189,3 +189,25 @@ def test_launcher_prints_a_command_line_mistake_as_one_error_line():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[0] == ("error: command line: --output_dir needs a value (str) but it is the "
                                            "last argument; write --output_dir <value> (or --output_dir=<value>)")
+
+
+
+def test_output_into_a_closed_pipe_ends_quietly_with_status_141(monkeypatch):
+    """``run_finetune.py --help | head -1``: when the reader has left, the launcher points stdout at /dev/null (no
+    second error at exit) and exits 141, the shell's status for SIGPIPE, without a BrokenPipeError traceback."""
+    import sys
+
+    import pytest
+
+    from paddlenlp_ext.trainer import launch
+
+    redirected = []
+    monkeypatch.setattr(launch.os, "dup2", lambda fd, fd2: redirected.append(fd2))
+    monkeypatch.setattr(sys.stdout, "fileno", lambda: 1, raising=False)  # pytest's capture has no real descriptor
+
+    def main(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(SystemExit) as e:
+        launch._run_main(main, [], resumable=False)
+    assert e.value.code == 141 and redirected == [1]
