@@ -166,9 +166,9 @@ def init_parallel_dims(training_args):
                                                             "data_parallel_degree")}
         asked = {k: v for k, v in asked.items() if isinstance(v, int) and v > 1}
         if asked:
-            logger.warning("%s ask for several processes, but this is one process: training runs unparallelized. "
+            logger.warning("%s %s for several processes, but this is one process: training runs unparallelized. "
                            "Launch with torchrun --nproc_per_node N (N = the product of the degrees).",
-                           ", ".join(f"{k}={v}" for k, v in asked.items()))
+                           ", ".join(f"{k}={v}" for k, v in asked.items()), "asks" if len(asked) == 1 else "ask")
         return None
     from paddlenlp_ext.distributed import init_distributed
 
