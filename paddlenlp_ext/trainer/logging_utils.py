@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +32,27 @@ _BAR_EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_bleu4",
                   "eval_rewards/accuracies")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler that writes to the current ``sys.stderr``, not the one at set-up (a replaced stderr, e.g. a
+    test's capture, may be closed by the time a later record arrives)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def setup_logging(rank: int = 0) -> None:
     """Configure ``paddlenlp_ext`` loggers: INFO on rank 0, WARNING elsewhere (idempotent)."""
     root = logging.getLogger("paddlenlp_ext")
     if not root.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] %(name)s: %(message)s",
                                                datefmt="%H:%M:%S"))
         root.addHandler(handler)
