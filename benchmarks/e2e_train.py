@@ -15,7 +15,8 @@ batches are formed, how attention is computed and which fused ops / loss run:
 | ``dpo_shared`` / ``dpo_separate`` | preference packs (``e2e_dpo.py``) | FlashMask; share-question vs separate sequences |
 
 Levers per setup, as ``setup:key=value`` (e.g. ``ours:loss=full:fused=off``; defaults ``--loss``, ``--fused``,
-``--amp``):
+``--amp``; ``kernels=triton`` runs FlashMask's Triton kernels where the Gluon ones would, for a before / after in
+one run):
 ``loss``: ``fused`` = the trainer's ``sft_loss`` (fused linear cross entropy over supervised rows, the default),
 ``fused_allrows`` (fused, every row, no host sync), ``full`` (``[T, V]`` fp32 logits, the old path), ``chunked``
 (checkpointed 4096-row chunks); ``fused``: ``on`` = ``use_fused_rms_norm/rope/swiglu`` (torch.compile'd on CUDA);
@@ -239,7 +240,7 @@ def parse_setup(spec: str, loss: str, fused: str, amp: str = "o1") -> dict:
                          f"(options as setup:loss=...:fused=...:amp=...)")
     if amp not in AMPS:
         raise ValueError(f"--amp: unknown {amp!r}; use {'|'.join(AMPS)}")
-    out = {"label": label, "base": base, "loss": loss, "fused": fused, "amp": amp, "compile": "off"}
+    out = {"label": label, "base": base, "loss": loss, "fused": fused, "amp": amp, "compile": "off", "kernels": "auto"}
     for o in opts:
         key, _, val = o.partition("=")
         if key == "loss" and val in LOSSES:
@@ -250,9 +251,11 @@ def parse_setup(spec: str, loss: str, fused: str, amp: str = "o1") -> dict:
             out["amp"] = val
         elif key == "compile" and val in ("off", "layers"):
             out["compile"] = val
+        elif key == "kernels" and val in ("auto", "triton"):
+            out["kernels"] = val
         else:
             raise ValueError(f"--setups {label!r}: bad option {o!r}; use loss={'|'.join(LOSSES)}, fused=on|off, "
-                             f"amp={'|'.join(AMPS)} or compile=off|layers")
+                             f"amp={'|'.join(AMPS)}, compile=off|layers or kernels=auto|triton")
     return out
 
 
@@ -350,6 +353,9 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
         sp = parse_setup(sp, args.loss, args.fused, args.amp)
     _free(device)
     attn = BACKENDS.get(sp["base"])
+    saved_env = {k: os.environ.get(k) for k in ("FLASHMASK_FWD", "FLASHMASK_BWD")}
+    if sp.get("kernels") == "triton":  # FlashMask's Triton kernels where the Gluon ones would run (read per call)
+        os.environ["FLASHMASK_FWD"] = os.environ["FLASHMASK_BWD"] = "triton"
     try:
         with e2e_models.patched_attention(attn):
             batches, model, step = prepare(sp, args, info, packs, device, recompute, warmup + steps)
@@ -390,6 +396,11 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
         return res
     finally:
         _dense_cache[0] = _dense_cache[1] = None
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def guarded(setup, fn, device) -> dict:

@@ -137,7 +137,7 @@ def flashmask_attention_triton(q, k, v, startend_row_indices, causal: bool, soft
         softmax_scale: score multiplier.
         deterministic: guarantee a bitwise reproducible backward (also implied by
             ``torch.use_deterministic_algorithms(True)``): the Triton kernels, which compute dQ in a separate
-            row-parallel kernel (no atomics). Without it, on an sm_90 GPU at D = 128 the Gluon backward runs
+            row-parallel kernel (no atomics). Without it, on an sm_90 GPU at D = 64 or 128 the Gluon backward runs
             (dQ summed by fp32 TMA reduce-adds, not bitwise reproducible; :func:`flashmask.dispatch.gluon_bwd_eligible`).
 
     Raises:

@@ -13,6 +13,7 @@ Shape legend: B batch, S_q / S_k query / key length, H_q / H_k query / kv heads,
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 
@@ -68,14 +69,26 @@ def _gluon_gate(mode: str) -> bool:
     return not why
 
 
-def _hopper_gluon_shape(ts, q, s_q_multiple: int) -> bool:
-    """The scope of the Gluon kernels: CUDA sm_90 (H100 / H200), bf16 / fp16, D = 128, ``S_q`` a multiple of
-    ``s_q_multiple``, ``S_k % 128 == 0``, every tensor of ``ts`` contiguous, 16-byte aligned and of q's dtype."""
+GLUON_FWD_HEAD_DIMS = (64, 128, 256)
+GLUON_BWD_HEAD_DIMS = (64, 128)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability`` of a device index, cached: it is asked twice per attention call, and
+    a call at B = 1, 8K is bound by host time (docs/kernel_notes.md)."""
+    return torch.cuda.get_device_capability(index)
+
+
+def _hopper_gluon_shape(ts, q, s_q_multiple: int, head_dims: tuple[int, ...]) -> bool:
+    """The scope of the Gluon kernels: CUDA sm_90 (H100 / H200), bf16 / fp16, D in ``head_dims``, ``S_q`` a
+    multiple of ``s_q_multiple``, ``S_k % 128 == 0``, every tensor of ``ts`` contiguous, 16-byte aligned and of
+    q's dtype."""
     if interpreting() or not q.is_cuda or torch.version.hip is not None:
         return False
     b, s_q, h_q, d = q.shape
-    if (d != 128 or q.dtype not in (torch.bfloat16, torch.float16) or s_q % s_q_multiple or ts[1].shape[1] % 128
-            or torch.cuda.get_device_capability(q.device) != (9, 0)):
+    if (d not in head_dims or q.dtype not in (torch.bfloat16, torch.float16) or s_q % s_q_multiple
+            or ts[1].shape[1] % 128 or _capability(q.device.index) != (9, 0)):
         return False
     return not any(t.dtype != q.dtype or not t.is_contiguous() or t.data_ptr() % 16 for t in ts)
 
@@ -86,7 +99,7 @@ def gluon_fwd_eligible(q, k, v) -> bool:
     forward has not failed in this process, the tensors are in its scope (:func:`_hopper_gluon_shape`, with
     ``S_q % 128 == 0``) and the Triton release passes the gate. Both forwards are reproducible run to run."""
     mode = kernel_choice("fwd")
-    if mode == "triton" or _FAILED["forward"] or not _hopper_gluon_shape((q, k, v), q, 128):
+    if mode == "triton" or _FAILED["forward"] or not _hopper_gluon_shape((q, k, v), q, 128, GLUON_FWD_HEAD_DIMS):
         return False
     return _gluon_gate(mode)
 
@@ -100,7 +113,7 @@ def gluon_bwd_eligible(q, k, v, do, deterministic: bool) -> bool:
     mode = kernel_choice("bwd")
     if mode == "triton" or deterministic or torch.are_deterministic_algorithms_enabled() or _FAILED["backward"]:
         return False
-    if not _hopper_gluon_shape((q, k, v, do), q, 64):
+    if not _hopper_gluon_shape((q, k, v, do), q, 64, GLUON_BWD_HEAD_DIMS):
         return False
     return _gluon_gate(mode)
 
@@ -133,8 +146,9 @@ def forward(q, k, v, mv: MaskVectors, causal: bool, scale: float):
         def launch_fn():
             from . import gluon_fwd  # inside: an import failure falls back like a failed launch
 
-            lists = mv.block_lists(gluon_fwd.BLOCK_M.value, gluon_fwd.BLOCK_N.value, by_key=False)
-            return gluon_fwd.launch(q, k, v, lists, mv, causal, scale, LOG2E)
+            tiles = gluon_fwd.tiles(q.shape[-1])[:2]
+            return gluon_fwd.launch(q, k, v, mv.block_lists(*tiles, by_key=False),
+                                    mv.visit_order(*tiles, by_key=False), mv, causal, scale, LOG2E)
 
         out = _run_gluon("forward", q.device, launch_fn)
         if out is not None:
@@ -146,15 +160,20 @@ def backward(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: fl
     """``(dq, dk, dv)`` shaped like ``q, k, v``, from ``do`` (like o) and the forward's ``o`` / ``lse``; ``dlse``
     fp32 ``[B, H_q, S_q]`` or None (no gradient on the LSE). The Gluon backward where :func:`gluon_bwd_eligible`,
     else the Triton kernels (bitwise reproducible)."""
-    delta, lse2 = preprocess(o, do, lse, dlse)
     if gluon_bwd_eligible(q, k, v, do, deterministic):
+        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # zeroed by the preprocess pass
+        delta, lse2 = preprocess(o, do, lse, dlse, dq_accum)
+
         def launch_fn():
             from . import gluon_bwd
 
-            lists = mv.block_lists(gluon_bwd.BLOCK_M.value, gluon_bwd.BLOCK_N.value, by_key=True)
-            return gluon_bwd.launch(do, q, k, v, lse2, delta, lists, mv, causal, scale, LOG2E)
+            tiles = (gluon_bwd.BLOCK_M.value, gluon_bwd.BLOCK_N.value)
+            return gluon_bwd.launch(do, q, k, v, lse2, delta, dq_accum, mv.block_lists(*tiles, by_key=True),
+                                    mv.visit_order(*tiles, by_key=True), mv, causal, scale, LOG2E)
 
         grads = _run_gluon("backward", q.device, launch_fn)
         if grads is not None:
             return grads
+    else:
+        delta, lse2 = preprocess(o, do, lse, dlse)
     return triton_backward(do, q, k, v, lse2, delta, mv, causal, scale)

@@ -21,7 +21,11 @@ per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
 
 Why dQ is split by head-dim halves: each consumer adds one [64, 64] tile and nothing sums the two consumers'
 partial tiles, so the reduce-add traffic is half that of per-consumer [64, 128] tiles (1.12-1.13x faster on an
-H200); dV and dK run under the dS arithmetic and the dS exchange.
+H200); dV and dK run under the dS arithmetic and the dS exchange. At D = 64 a half (32 columns, 64 bytes) is
+narrower than the 128-byte swizzle of a bf16 row and cannot be an MMA operand: there each consumer computes dQ
+over its own 64 keys and all head dims from its own dS^T (no exchange) and both add their [64, 64] tiles.
+``dq_accum`` has q's layout ``[B, S, H, D]`` and is zeroed by the Delta preprocessing pass. Programs start longest
+first (:func:`lpt_program` over ``MaskVectors.visit_order``).
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
 FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200:
@@ -42,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
+HEAD_DIMS = (64, 128)
 
 
 @builtin
@@ -64,6 +69,29 @@ def visit_list_row(IDX, NPART, NFULL, FLO, blk, bm, NUM_BLK, NUM_OTHER, HAS_MASK
         lrow += bm * NUM_BLK
     n_part = gl.load(NPART + lrow)
     return IDX + lrow * NUM_OTHER, n_part, n_part + gl.load(NFULL + lrow), gl.load(FLO + lrow)
+
+
+@gluon.jit
+def lpt_program(pid, NUM_BLK, HC, ROWS):
+    """``(rank, row)`` of program ``pid`` of a 1-D grid of ``ROWS * NUM_BLK`` programs: the rows (batch x head)
+    in chunks of ``HC`` whose operands fit in L2 together, and within a chunk rank-major (the ``rank``-th
+    longest outer block of every row of the chunk, then the next rank): longest-processing-time-first order
+    (``MaskVectors.visit_order`` maps the rank to the block) without spreading one wave over every head's Q."""
+    per_chunk = HC * NUM_BLK
+    c = pid // per_chunk
+    r = pid - c * per_chunk
+    hc = gl.minimum(HC, ROWS - c * HC)  # the last chunk may hold fewer rows
+    rank = r // hc
+    return rank, c * HC + (r - rank * hc)
+
+
+def rows_per_chunk(row_bytes: int, rows: int) -> int:
+    """``HC`` of :func:`lpt_program`: how many rows' streamed operands (``row_bytes`` each) share
+    ``LPT_L2_BYTES`` of L2."""
+    return max(1, min(rows, LPT_L2_BYTES // max(1, row_bytes)))
+
+
+LPT_L2_BYTES = 16 << 20  # a third of an H100 / H200's 50 MB L2: the rest holds K, V, the lists and dQ traffic
 
 
 @gluon.jit
@@ -122,13 +150,14 @@ def _loader(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, de
 
 @gluon.jit
 def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-              ds_ready, ds_free, dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot,
+              ds_ready, ds_free, dq_bufs, dq_desc, q_row0, dq_col0, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot,
               f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
               HAS_UTS: gl.constexpr):
     NS: gl.constexpr = q_bufs.type.shape[0]
     KW: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup (its dK / dV rows)
-    DQ_N: gl.constexpr = D // 2  # dQ columns of this warpgroup
+    SPLIT_KEYS: gl.constexpr = D < 128  # dQ split by keys: D = 64 columns cannot be halved in a swizzled tile
+    DQ_N: gl.constexpr = D if SPLIT_KEYS else D // 2  # dQ columns of this warpgroup
     mbarrier.wait(kv_bar, 0)  # K / V in shared memory (each reader observes the barrier itself)
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
@@ -139,7 +168,7 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
     dt: gl.constexpr = q_bufs.dtype
     k_w = k_smem.slice(w * KW, KW, dim=0)
     v_w = v_smem.slice(w * KW, KW, dim=0)
-    k_cols = k_smem.slice(w * DQ_N, DQ_N, dim=1)  # [BLOCK_N, D/2]: all keys, this warpgroup's dQ columns
+    k_cols = k_smem.slice(w * DQ_N, DQ_N, dim=1) if not SPLIT_KEYS else k_w  # [keys, DQ_N] of this dQ part
     dq_w = dq_bufs.index(w)  # [BLOCK_M, D/2] fp32: staging of this warpgroup's dQ columns for the reduce-add
     dk = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     dv = gl.zeros([KW, D], gl.float32, layout=mma_kd)
@@ -189,28 +218,38 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
         dv = warpgroup_mma(gl.convert_layout(pT.to(dt), a_kd), do_s, dv, is_async=True)  # runs under dS
         dsT = (pT * (dpT - delta_bufs.index(s).load(mma_s))).to(dt)
         dk = warpgroup_mma(gl.convert_layout(dsT, a_kd), q_s, dk, is_async=True)  # runs under the dS exchange
-        # dS of all 128 keys into shared memory (double-buffered by visit; the other warpgroup read this buffer
-        # two visits ago), then dQ[:, w*D/2 : (w+1)*D/2] = dS K[:, those columns]: FlashAttention-3's split
         ds_all = ds_bufs.index(t % 2)  # [BLOCK_N, BLOCK_M]: dS^T
-        mbarrier.wait(ds_free.index(t % 2), ((t // 2) & 1) ^ 1)
-        ds_all.slice(w * KW, KW, dim=0).store(dsT)
-        fence_async_shared()
-        gl.thread_barrier()  # this warpgroup's 4 warps (the partition) stored and fenced
-        mbarrier.arrive(ds_ready.index(t % 2), count=1)
-        mbarrier.wait(ds_ready.index(t % 2), (t // 2) & 1)  # and the other warpgroup's half is there
-        dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
-        dq, dk, dv = warpgroup_mma_wait(0, deps=[dq, dk, dv])
-        mbarrier.arrive(ds_free.index(t % 2), count=1)
+        if SPLIT_KEYS:  # dQ partial = dS[:, own keys] K[own keys, :]: no exchange, two reduce-adds per tile
+            ds_own = ds_all.slice(w * KW, KW, dim=0)
+            ds_own.store(dsT)
+            fence_async_shared()
+            gl.thread_barrier()  # this warpgroup's 4 warps (the partition) stored and fenced
+            dq = warpgroup_mma(ds_own.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+            dq, dk, dv = warpgroup_mma_wait(0, deps=[dq, dk, dv])
+        else:
+            # dS of all 128 keys into shared memory (double-buffered by visit; the other warpgroup read this
+            # buffer two visits ago), then dQ[:, w*D/2 : (w+1)*D/2] = dS K[:, those columns]: FlashAttention-3's
+            # split
+            mbarrier.wait(ds_free.index(t % 2), ((t // 2) & 1) ^ 1)
+            ds_all.slice(w * KW, KW, dim=0).store(dsT)
+            fence_async_shared()
+            gl.thread_barrier()  # this warpgroup's 4 warps (the partition) stored and fenced
+            mbarrier.arrive(ds_ready.index(t % 2), count=1)
+            mbarrier.wait(ds_ready.index(t % 2), (t // 2) & 1)  # and the other warpgroup's half is there
+            dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+            dq, dk, dv = warpgroup_mma_wait(0, deps=[dq, dk, dv])
+            mbarrier.arrive(ds_free.index(t % 2), count=1)
         mbarrier.arrive(q_empty.index(s), count=1)  # one of the two consumers' arrivals
         tma.store_wait(0)  # the previous visit's reduce-add has read dq_w
         dq_w.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [dq_row0 + g * S_q + m * BLOCK_M, w * DQ_N], dq_w)
+        _tma_reduce_add(dq_desc, [q_row0 + m * BLOCK_M, dq_col0 + g * D + (0 if SPLIT_KEYS else w * DQ_N)], dq_w)
     # K_w and V_w stage this warpgroup's dK and dV for the TMA stores, once the other warpgroup's last dQ product
     # (which reads all of K) is done
-    if n_visits > 0:
-        mbarrier.wait(ds_free.index((n_visits - 1) % 2), ((n_visits - 1) // 2) & 1)
+    if not SPLIT_KEYS:
+        if n_visits > 0:
+            mbarrier.wait(ds_free.index((n_visits - 1) % 2), ((n_visits - 1) // 2) & 1)
     k_w.store((dk * sm_scale).to(dt))
     v_w.store(dv.to(dt))
     fence_async_shared()
@@ -223,25 +262,32 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
 @gluon.jit
 def flashmask_bwd_gluon_kernel(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc, dq_desc, LTS, LTE, UTS, UTE,
-    IDX, NPART, NFULL, FLO, S_q, S_k, H_q, H_k, H_mask, NUM_N, NUM_M, qk_scale, sm_scale,
+    IDX, NPART, NFULL, FLO, ORDER, S_q, S_k, H_q, H_k, H_mask, NUM_N, NUM_M, ROWS, HC, qk_scale, sm_scale,
     G: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr,
     HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr,
 ):
     """dK, dV (scaled, stored) and the unscaled fp32 dQ sum of one key block of one KV head.
 
-    Grid ``(S_k // BLOCK_N, B * H_k)``; ``num_warps=4`` plus two 4-warp workers, ``maxnreg=168`` (12 warps share
-    the register file: the consumers get 240 registers each, the loader 24).
+    Grid ``(B * H_k * S_k // BLOCK_N,)`` in the order of :func:`lpt_program` (``ORDER``: ``visit_order`` of the
+    lists, int32 ``[L, NUM_N]``; ``ROWS`` = B * H_k, ``HC`` of them per chunk); ``num_warps=4`` plus two 4-warp
+    workers, ``maxnreg=168`` (12 warps share the register file: the consumers get 240 registers each, the loader
+    24).
     Descriptors over ``[B*S, H*D]`` views: q / do boxes ``[BLOCK_M, D]``, k / v ``[BLOCK_N, D]``, dk / dv
     ``[BLOCK_N // 2, D]``; lse (log2 units, +inf on empty rows) and delta fp32 ``[B*H_q*S_q/BLOCK_M, BLOCK_M]``,
-    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*H_q*S_q, D]``, boxes ``[BLOCK_M, D // 2]``.
+    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*S_q, H_q*D]`` (q's layout), boxes
+    ``[BLOCK_M, D // 2]`` (``[BLOCK_M, D]`` at D = 64).
     ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table
-    per (batch, mask head) with a mask, one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
+    per (batch, mask head) with a mask, one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``,
+    D in ``HEAD_DIMS``.
     """
-    n = gl.program_id(0)
-    bhk = gl.program_id(1)
+    rank, bhk = lpt_program(gl.program_id(0), NUM_N, HC, ROWS)
     b = bhk // H_k
     hk = bhk % H_k
     bm = b * H_mask + (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
+    if HAS_MASK:
+        n = gl.load(ORDER + bm * NUM_N + rank)
+    else:
+        n = gl.load(ORDER + rank)
     IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
     dt: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], k_desc.layout)
@@ -252,7 +298,8 @@ def flashmask_bwd_gluon_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [NS, 1, BLOCK_M], delta_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dt)
     ds_bufs = gl.allocate_shared_memory(dt, [2, BLOCK_N, BLOCK_M], ds_layout)  # dS^T of two visits
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D // 2], dq_desc.layout)  # per warpgroup
+    DQ_N: gl.constexpr = D if D < 128 else D // 2
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_N], dq_desc.layout)  # per warpgroup
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -270,14 +317,13 @@ def flashmask_bwd_gluon_kernel(
     tma.async_copy_global_to_shared(k_desc, [kv_row, hk * D], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [kv_row, hk * D], kv_bar, v_smem)
     vec_off = bm * S_k
-    dq_row0 = (b * H_q + hk * G) * S_q  # dq_accum row of query 0 of the group's first head
     gl.warp_specialize([
         (_consumer, (0, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     ds_ready, ds_free, dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
+                     ds_ready, ds_free, dq_bufs, dq_desc, b * S_q, hk * G * D, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
                      n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
                      HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_consumer, (1, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     ds_ready, ds_free, dq_bufs, dq_desc, dq_row0, S_q, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
+                     ds_ready, ds_free, dq_bufs, dq_desc, b * S_q, hk * G * D, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
                      n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
                      HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_loader, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty,
@@ -307,14 +353,16 @@ def tensor_desc(t, rows: int, cols: int, block: list[int]):
     return TensorDescriptor(t, [rows, cols], [cols, 1], list(block), _nvmma_layout(tuple(block), t.dtype))
 
 
-def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2e: float):
+def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, scale: float, log2e: float):
     """Host side: descriptors and the launch; returns ``(dq, dk, dv)`` like q, k, v.
 
     Args:
-        do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU,
+        do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, D]`` bf16 / fp16 on an sm_90 GPU, D in ``HEAD_DIMS``,
             ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_bwd_eligible`` checks all of it).
-        lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_bwd._flashmask_bwd_preprocess_kernel``.
-        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=True)``.
+        lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_launch.preprocess``.
+        dq_accum: zeroed fp32 ``[B, S_q, H_q, D]`` (``preprocess`` zeroes it in its pass over O and dO).
+        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=True)``;
+        order: ``mv.visit_order(BLOCK_M, BLOCK_N, by_key=True)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as the forward. log2e: log2(e).
 
     Raises:
@@ -326,26 +374,27 @@ def launch(do, q, k, v, lse2, delta, lists, mv, causal: bool, scale: float, log2
     bm, bn = BLOCK_M.value, BLOCK_N.value
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
-    if d != 128 or s_q % bm or s_k % bn:
-        raise ValueError(f"gluon_bwd.launch: needs head dim 128, S_q % {bm} == 0 and S_k % {bn} == 0; got D={d}, "
-                         f"S_q={s_q}, S_k={s_k}")
+    if d not in HEAD_DIMS or s_q % bm or s_k % bn:
+        raise ValueError(f"gluon_bwd.launch: needs head dim 64 or 128, S_q % {bm} == 0 and S_k % {bn} == 0; got "
+                         f"D={d}, S_q={s_q}, S_k={s_k}")
     for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
             raise ValueError(f"gluon_bwd.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
                              f"{t.dtype}, strides {t.stride()}")
     desc = tensor_desc
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_accum = torch.zeros(b * h_q, s_q, d, dtype=torch.float32, device=q.device)
     idx, n_part, n_full, full_lo = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 3
     lrows = b * h_q * s_q // bm
-    flashmask_bwd_gluon_kernel[(s_k // bn, b * h_k)](
+    g = h_q // h_k
+    hc = rows_per_chunk(2 * g * s_q * d * q.element_size(), b * h_k)  # a KV head streams its group's Q and dO
+    flashmask_bwd_gluon_kernel[(b * h_k * (s_k // bn),)](
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
         desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
-        desc(dq_accum, b * h_q * s_q, d, [bm, d // 2]), mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q,
-        s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], scale * log2e, scale, G=h_q // h_k, D=d, NS=2,
-        CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4,
-        maxnreg=168)
+        desc(dq_accum, b * s_q, h_q * d, [bm, d if d < 128 else d // 2]), mv.lts, mv.lte, mv.uts, mv.ute, idx,
+        n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], b * h_k, hc, scale * log2e,
+        scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
+        HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
     dq = torch.empty_like(q)
-    torch.mul(dq_accum.view(b, h_q, s_q, d).transpose(1, 2), scale, out=dq)
+    torch.mul(dq_accum, scale, out=dq)  # one layout: a contiguous elementwise pass
     return dq, dk, dv

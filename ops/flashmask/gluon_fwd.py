@@ -17,10 +17,13 @@ the exponentials run. This kernel keeps them busy the way FlashAttention-3 does:
   (separate K and V barriers, so S can start before V lands) that both consumers release. The overlap holds
   two ring slots per consumer (K_t and V_{t-1}), so it needs ``NS = 3`` to keep a load in flight.
 
+Head dims 64, 128 and 256 (:func:`tiles`: 64-key blocks in a two-stage ring at 256). Programs start longest first
+(``gluon_bwd.lpt_program`` over ``MaskVectors.visit_order``).
+
 Source: FlashAttention-3's forward (Shah et al., 2024: producer / consumer warp specialisation, intra-warpgroup
 overlap of softmax and products) and FlashMask V3's block lists (flashmask.md §2.3-2.4); math, names and outputs
-as ``triton_fwd``. Measured on an H200 (docs/kernel_notes.md): 1.01-1.19x the Triton forward, the default on
-Hopper at D = 128 (``FLASHMASK_FWD``, ``dispatch.gluon_fwd_eligible``); a ping-pong schedule between the consumers
+as ``triton_fwd``. Measured on an H200 (docs/kernel_notes.md): 1.01-1.19x the Triton forward at D = 128, the
+default on Hopper (``FLASHMASK_FWD``, ``dispatch.gluon_fwd_eligible``); a ping-pong schedule between the consumers
 and the products without the overlap measured 0.96-1.14x.
 """
 
@@ -31,11 +34,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .gluon_bwd import tensor_desc, visit_list_row
+from .gluon_bwd import lpt_program, rows_per_chunk, tensor_desc, visit_list_row
 
 BLOCK_M = gl.constexpr(128)  # query rows per program (64 per consumer warpgroup)
-BLOCK_N = gl.constexpr(128)  # keys per visited block
-STAGES = 3  # K / V ring depth: the overlap holds two slots per consumer; 2 stages left no load in flight (slower)
+HEAD_DIMS = (64, 128, 256)
+
+
+def tiles(d: int) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, STAGES)`` at head dim ``d``: 128-key blocks in a 3-stage K / V ring (the overlap holds
+    two slots per consumer; 2 stages left no load in flight, slower), except D = 256, where a 128-key stage is
+    128 KB of shared memory: 64-key blocks, 2 stages (with Q, 192 KB of the 227 KB)."""
+    return (BLOCK_M.value, 64, 2) if d == 256 else (BLOCK_M.value, 128, 3)
 
 
 @gluon.jit
@@ -52,6 +61,7 @@ def _key_block(IDX, n_part, f_lo, t):
 def _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, IDX, n_part, n_tot,
             f_lo, q_row, q_col, kv_row, kv_col):
     NS: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     HALF: gl.constexpr = BLOCK_M // 2
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
@@ -72,6 +82,7 @@ def _softmax_tile(sc, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE, UTS, UTE, 
     """Online-softmax step for scores ``sc`` [64, BLOCK_N] (log2 units) of visit ``t``: the element mask on
     partially masked blocks (rows that see nothing yet keep a zero row max), then ``(p, alpha, m_new, l_new)``."""
     if t < n_part:
+        BLOCK_N: gl.constexpr = sc.type.shape[1]
         n = _key_block(IDX, n_part, f_lo, t)
         cols = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, sc.type.layout))
         r = rows[:, None]
@@ -105,6 +116,7 @@ def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, 
               CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
               HAS_UTS: gl.constexpr):
     NS: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     HALF: gl.constexpr = BLOCK_M // 2
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BLOCK_N, 16])
@@ -154,24 +166,29 @@ def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, 
 
 @gluon.jit
 def flashmask_fwd_gluon_kernel(
-    q_desc, k_desc, v_desc, o_desc, LSE, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO, S_q, S_k, H_q, H_mask, NUM_M,
-    NUM_N, qk_scale, G: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, CAUSAL: gl.constexpr,
+    q_desc, k_desc, v_desc, o_desc, LSE, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO, ORDER, S_q, S_k, H_q, H_mask,
+    NUM_M, NUM_N, ROWS, HC, qk_scale, G: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr, NS: gl.constexpr,
+    CAUSAL: gl.constexpr,
     HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr,
 ):
     """O (stored by TMA) and LSE of one query block of one query head.
 
-    Grid ``(S_q // BLOCK_M, B * H_q)``, the last query blocks first (the heaviest, for causal); ``num_warps=4``
+    Grid ``(B * H_q * S_q // BLOCK_M,)`` in the order of ``gluon_bwd.lpt_program`` (``ORDER``: ``visit_order`` of
+    the lists, int32 ``[L, NUM_M]``; ``ROWS`` = B * H_q, ``HC`` of them per chunk); ``num_warps=4``
     plus two 4-warp workers, ``maxnreg=168`` (the consumers get 240 registers each, the loader 24). Descriptors
     over ``[B*S, H*D]`` views: q / o boxes ``[BLOCK_M // 2, D]``, k / v ``[BLOCK_N, D]``; LSE fp32 ``[B, H_q,
     S_q]``. ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the forward visit lists for ``(BLOCK_M, BLOCK_N)`` tiles.
-    Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D = 128.
+    Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D in ``HEAD_DIMS`` (tiles: :func:`tiles`).
     """
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    bh = gl.program_id(1)
+    rank, bh = lpt_program(gl.program_id(0), NUM_M, HC, ROWS)
     b = bh // H_q
     h = bh % H_q
     hk = h // G
     bm = b * H_mask + h // (H_q // H_mask)
+    if HAS_MASK:
+        pid_m = gl.load(ORDER + bm * NUM_M + rank)
+    else:
+        pid_m = gl.load(ORDER + rank)
     IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, pid_m, bm, NUM_M, NUM_N, HAS_MASK)
     dt: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dt, [2, BLOCK_M // 2, D], q_desc.layout)
@@ -200,14 +217,15 @@ def flashmask_fwd_gluon_kernel(
     ], [4, 4], [240, 24])
 
 
-def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float):
+def launch(q, k, v, lists, order, mv, causal: bool, scale: float, log2e: float):
     """Host side: descriptors and the launch; returns ``(o, lse)`` like ``triton_fwd`` (o like q, lse fp32
     ``[B, H_q, S_q]`` in natural-log units, -inf on rows with no visible key).
 
     Args:
-        q, k, v: contiguous, 16-byte aligned ``[B, S, H, 128]`` bf16 / fp16 on an sm_90 GPU, ``S_q % 128 == 0``,
-            ``S_k % 128 == 0`` (``dispatch.gluon_fwd_eligible`` checks all of it).
-        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``.
+        q, k, v: contiguous, 16-byte aligned ``[B, S, H, D]`` bf16 / fp16 on an sm_90 GPU, D in ``HEAD_DIMS``,
+            ``S_q % 128 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_fwd_eligible`` checks all of it).
+        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``;
+        order: ``mv.visit_order(BLOCK_M, BLOCK_N, by_key=False)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as ``flashmask_attention``. log2e: log2(e).
 
     Raises:
@@ -215,12 +233,12 @@ def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float):
     """
     import torch
 
-    bm, bn = BLOCK_M.value, BLOCK_N.value
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
-    if d != 128 or s_q % bm or s_k % bn:
-        raise ValueError(f"gluon_fwd.launch: needs head dim 128, S_q % {bm} == 0 and S_k % {bn} == 0; got D={d}, "
-                         f"S_q={s_q}, S_k={s_k}")
+    bm, bn, stages = tiles(d)
+    if d not in HEAD_DIMS or s_q % bm or s_k % bn:
+        raise ValueError(f"gluon_fwd.launch: needs head dim 64, 128 or 256, S_q % {bm} == 0 and S_k % {bn} == 0; "
+                         f"got D={d}, S_q={s_q}, S_k={s_k}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
             raise ValueError(f"gluon_fwd.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
@@ -228,10 +246,12 @@ def launch(q, k, v, lists, mv, causal: bool, scale: float, log2e: float):
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     idx, n_part, n_full, full_lo = lists  # [L, NUM_M, NUM_N], [L, NUM_M] x 3
-    flashmask_fwd_gluon_kernel[(s_q // bm, b * h_q)](
+    g = h_q // h_k
+    hc = rows_per_chunk(2 * s_k * d * q.element_size() // g, b * h_q)  # a query head streams its share of K and V
+    flashmask_fwd_gluon_kernel[(b * h_q * (s_q // bm),)](
         tensor_desc(q, b * s_q, h_q * d, [bm // 2, d]), tensor_desc(k, b * s_k, h_k * d, [bn, d]),
         tensor_desc(v, b * s_k, h_k * d, [bn, d]), tensor_desc(o, b * s_q, h_q * d, [bm // 2, d]), lse, mv.lts,
-        mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, s_q, s_k, h_q, mv.h_mask, idx.shape[1], idx.shape[2],
-        scale * log2e, G=h_q // h_k, D=d, NS=STAGES, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte,
-        HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
+        mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, order, s_q, s_k, h_q, mv.h_mask, idx.shape[1],
+        idx.shape[2], b * h_q, hc, scale * log2e, G=g, D=d, BLOCK_N=bn, NS=stages, CAUSAL=causal,
+        HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
     return o, lse

@@ -199,11 +199,13 @@ def _flashmask_bwd_dq_kernel(
 
 @triton.jit
 def _flashmask_bwd_preprocess_kernel(
-    O, DO, LSE, DLSE, DELTA, LSE2, sob, sos, soh, sdob, sdos, sdoh, S_q, H_q, log2e,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    O, DO, LSE, DLSE, DELTA, LSE2, DQ, sob, sos, soh, sdob, sdos, sdoh, S_q, H_q, log2e,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):
     """Delta = rowsum(dO * O) - dLSE (fp32; a non-finite dLSE counts as 0) and LSE in log2 units (+inf for
-    empty rows, whose LSE is -inf), both ``[B*H_q, S_q]``; one program per (row block, batch * head)."""
+    empty rows, whose LSE is -inf), both ``[B*H_q, S_q]``; with ``ZERO_DQ`` also zeroes the same rows of the
+    fp32 dQ accumulator ``DQ`` ``[B, S_q, H_q, D]`` (the Gluon backward's, which it reduce-adds into: one pass
+    instead of a separate fill). One program per (row block, batch * head)."""
     m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H_q
@@ -224,3 +226,6 @@ def _flashmask_bwd_preprocess_kernel(
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * log2e)
     tl.store(DELTA + row, delta, mask=rmask)
     tl.store(LSE2 + row, lse2, mask=rmask)
+    if ZERO_DQ:
+        dq_rows = (b * S_q + offs_m) * H_q + h
+        tl.store(DQ + dq_rows[:, None] * D + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=msk)

@@ -88,18 +88,20 @@ def triton_forward(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     return o, lse
 
 
-def preprocess(o, do, lse, dlse):
+def preprocess(o, do, lse, dlse, dq_accum=None):
     """``(delta, lse2)``, fp32 ``[B, H_q, S_q]``: Delta = rowsum(dO * O) - dLSE (a non-finite dLSE counts as 0) and
-    the LSE in log2 units (+inf on empty rows), in one pass over O and dO; the input of both backward kernels."""
+    the LSE in log2 units (+inf on empty rows), in one pass over O and dO; the input of both backward kernels.
+    ``dq_accum`` (contiguous fp32 ``[B, S_q, H_q, D]``, optional) is zeroed in the same pass."""
     b, s_q, h_q, d = o.shape
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
     dlse_c = dlse.float().contiguous() if dlse is not None else lse
     pre_bm = 64
     launch(_flashmask_bwd_preprocess_kernel, (triton.cdiv(s_q, pre_bm), b * h_q),
-           o, do, lse.contiguous(), dlse_c, delta, lse2, o.stride(0), o.stride(1), o.stride(2),
-           do.stride(0), do.stride(1), do.stride(2), s_q, h_q, LOG2E,
-           D=d, BLOCK_D=pow2(d), BLOCK_M=pre_bm, HAS_DLSE=dlse is not None, num_warps=4, num_stages=1)
+           o, do, lse.contiguous(), dlse_c, delta, lse2, lse if dq_accum is None else dq_accum, o.stride(0),
+           o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2), s_q, h_q, LOG2E,
+           D=d, BLOCK_D=pow2(d), BLOCK_M=pre_bm, HAS_DLSE=dlse is not None, ZERO_DQ=dq_accum is not None,
+           num_warps=4, num_stages=1)
     return delta, lse2
 
 

@@ -143,6 +143,19 @@ class MaskVectors:
                 block_m, block_n, by_key, self.causal, self.has_mask, self.has_lte, self.has_ut, self.has_uts)
         return self._lists[key]
 
+    def visit_order(self, block_m: int, block_n: int, by_key: bool) -> torch.Tensor:
+        """int32 ``[L, R]``: the outer blocks of :meth:`block_lists` from the most to the least work (cached), the
+        longest-processing-time-first order in which the Gluon kernels start their programs, so that the last
+        programs to start are short ones and the GPU's tail is short (FlashAttention-3's LPT scheduling for
+        causal masks, here for every mask). Work = 2 x unmasked + 3 x partial blocks: a partial block also
+        evaluates the element mask. Ties keep block order."""
+        key = ("order", block_m, block_n, by_key)
+        if key not in self._lists:
+            _, n_p, n_f, _ = self.block_lists(block_m, block_n, by_key)
+            self._lists[key] = torch.argsort(2 * n_f + 3 * n_p, dim=-1, descending=True,
+                                             stable=True).to(torch.int32).contiguous()
+        return self._lists[key]
+
     def block_lists_reference(self, block_m: int, block_n: int, by_key: bool):
         """Pure-PyTorch :meth:`block_lists` (uncached; the tests' reference): tile classes, then a stable argsort
         of the 0/1/2 key (partial / unmasked / fully masked)."""

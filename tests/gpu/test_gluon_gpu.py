@@ -65,6 +65,25 @@ def test_gluon_random_masks(gluon, dtype, mode, s):
     assert gluon, "the Gluon kernel did not run"
 
 
+HEAD_DIM_CASES = [(w, d, m, t) for w, d in (("fwd", 64), ("fwd", 256), ("bwd", 64))
+                  for m, t in itertools.product([0, 3, 5], [torch.bfloat16, torch.float16])]
+
+
+@pytest.mark.parametrize("which,d,mode,dtype", HEAD_DIM_CASES,
+                         ids=[f"{w}-D{d}-mode{m}-{str(t)[6:]}" for w, d, m, t in HEAD_DIM_CASES])
+def test_gluon_head_dims(monkeypatch, which, d, mode, dtype):
+    """The Gluon kernels at head dims other than 128: the forward at 64 (GQA 4:1, the 1B Llama's groups) and 256
+    (64-key tiles), the backward at 64 (dQ split by keys); causal without a mask, causal with LTS / LTE,
+    bidirectional with four vectors."""
+    _require_hopper()
+    calls = _spy(monkeypatch, which)
+    causal, c = MODES[mode]
+    sri = None if c is None else random_sri(1, 2, 1024, causal, c, torch.Generator().manual_seed(d + mode))
+    q, k, v, do = qkv(1, 1024, 8, 2, d, dtype, d + mode)
+    check(q, k, v, do, sri, causal)
+    assert calls, f"the Gluon {which} kernel did not run"
+
+
 @pytest.mark.parametrize("name", ["causal_document", "document", "share_question", "sliding_window",
                                   "global_sliding", "prefix_lm_causal", "prefix_lm_document", "causal_blockwise",
                                   "qk_sparse", "random_eviction_per_head"])
@@ -93,8 +112,9 @@ def test_gluon_cross_lengths(gluon, s_q, s_k, masked):
 
 
 def test_gluon_scope(monkeypatch):
-    """Where each Gluon kernel applies: the default (unset) is auto for both; ``triton`` turns each off; head dim
-    64, a misaligned tensor, S_q % 128 != 0 (forward) and reproducible backwards run the Triton kernels."""
+    """Where each Gluon kernel applies: the default (unset) is auto for both; ``triton`` turns each off; the
+    forward takes head dims 64, 128 and 256, the backward 64 and 128; other head dims, a misaligned tensor,
+    S_q % 128 != 0 (forward) and reproducible backwards run the Triton kernels."""
     _require_hopper()
     from flashmask.dispatch import gluon_bwd_eligible, gluon_fwd_eligible
 
@@ -105,7 +125,12 @@ def test_gluon_scope(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert gluon_fwd_eligible(q, q, q) and gluon_bwd_eligible(q, q, q, q, deterministic=False)
     assert not gluon_fwd_eligible(q[:, :960].contiguous(), q, q)  # S_q % 128 == 64
-    assert not gluon_fwd_eligible(d64, d64, d64) and not gluon_bwd_eligible(d64, q, q, q, deterministic=False)
+    d256 = torch.zeros(1, 1024, 2, 256, device="cuda", dtype=torch.bfloat16)
+    d96 = q[..., :96].contiguous()
+    assert gluon_fwd_eligible(d64, d64, d64) and gluon_fwd_eligible(d256, d256, d256)
+    assert gluon_bwd_eligible(d64, d64, d64, d64, deterministic=False)
+    assert not gluon_bwd_eligible(d256, d256, d256, d256, deterministic=False)
+    assert not gluon_fwd_eligible(d96, d96, d96) and not gluon_bwd_eligible(d96, d96, d96, d96, deterministic=False)
     assert not gluon_fwd_eligible(odd, q, q) and not gluon_bwd_eligible(odd, q, q, q, deterministic=False)
     assert not gluon_bwd_eligible(q, q, q, q, deterministic=True)
     with _deterministic_algorithms():  # torch.use_deterministic_algorithms(True) asks for reproducibility too

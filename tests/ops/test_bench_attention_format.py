@@ -9,7 +9,7 @@ bench = pytest.importorskip("flashmask.benchmarks.bench_attention")
 
 
 def _row(mask, s, ours_fb, flex_fb, **extra):
-    row = dict(mask=mask, S=s, B=1, density=0.5, ours_fwd_ms=1.0, ours_fwd_tflops=500.0, flex_fwd_ms=1.3,
+    row = dict(mask=mask, S=s, B=1, H=32, H_kv=32, D=128, density=0.5, ours_fwd_ms=1.0, ours_fwd_tflops=500.0, flex_fwd_ms=1.3,
                flex_fwd_tflops=385.0, ours_fb_ms=ours_fb, ours_fb_tflops=400.0, flex_fb_ms=flex_fb,
                flex_fb_tflops=300.0, flex_build_ms=0.5, ours_build_ms=0.25)
     row.update(extra)
@@ -63,6 +63,13 @@ def test_v3_table_puts_v3_ratios_beside_ours():
     assert "fwd+bwd over flex geomean ours 1.319x, V3 1.485x" in summary  # sqrt(1.45 * 1.2), sqrt(1.45 * 1.52)
     assert "fwd over flex geomean ours 1.300x, V3 1.360x" in summary  # sqrt(1.33 * 1.39)
     assert summary.endswith("rows below 0.95 of V3's fwd+bwd ratio: v3_causal_document 8192")
+
+
+def test_v3_table_at_another_head_dim_has_no_v3_figures():
+    """The same masks at D = 64 (``--v3 --head-dim 64``): V3's figures are for D = 128, H = 32 only."""
+    text = bench.v3_table([_row("v3_causal_document", 8192, 1.0, 1.2, D=64, H_kv=8)])
+    assert text.splitlines()[2].endswith("| 1.20x | - | - |")
+    assert text.splitlines()[-1] == "all rows: fwd+bwd over flex geomean 1.200x, fwd 1.300x"
 
 
 def test_v3_masks_match_the_reference_definitions(monkeypatch):

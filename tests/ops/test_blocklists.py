@@ -64,3 +64,26 @@ def test_inner_list_longer_than_one_chunk():
     m = M.causal_document_mask([[9000, 11000]])
     sri = m.startend_row_indices.to(DEV)
     _check(sri, True, s, s, tiles=[(16, 4096)], orientations=(True,))  # 1250 query blocks per key block
+
+
+@pytest.mark.parametrize("by_key", [False, True])
+def test_visit_order_starts_the_most_work_first(by_key):
+    """``visit_order``: per row, a permutation of the outer blocks by 2 x unmasked + 3 x partial visits,
+    descending, ties in block order; the no-mask table has one row."""
+    gen = torch.Generator().manual_seed(3)
+    for sri, causal in [(random_sri(2, 2, 300, True, 2, gen=gen).to(DEV), True),
+                        (M.causal_document_mask([[100, 37, 163]]).startend_row_indices.to(DEV), True),
+                        (None, True), (None, False)]:
+        mv = MaskVectors(sri, causal, 300, 300, torch.device(DEV))
+        _, n_p, n_f, _ = mv.block_lists(16, 32, by_key)
+        order = mv.visit_order(16, 32, by_key)
+        assert order.dtype == torch.int32 and order.shape == n_p.shape and order.is_contiguous()
+        work = 2 * n_f + 3 * n_p
+        for row in range(order.shape[0]):
+            o = order[row].long()
+            assert sorted(o.tolist()) == list(range(o.numel()))
+            w = work[row, o]
+            assert bool((w[:-1] >= w[1:]).all())
+            ties = (w[:-1] == w[1:])
+            assert bool((o[:-1][ties] < o[1:][ties]).all())
+        assert mv.visit_order(16, 32, by_key) is order  # cached

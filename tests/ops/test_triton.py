@@ -407,3 +407,23 @@ def test_eager_function_equals_custom_op(monkeypatch, causal, c, use_lse):
     assert calls == ["fn", "op"]
     for a, b in zip(eager, op):
         assert torch.equal(a, b)
+
+
+def test_delta_preprocessing_zeroes_the_dq_accumulator_in_the_same_pass():
+    """``triton_launch.preprocess(..., dq_accum)`` (the Gluon backward's set-up): the fp32 ``[B, S, H, D]``
+    accumulator comes back zeroed, Delta and the log2 LSE as without it; a tail block (S % 64 != 0) and D < its
+    power of two included."""
+    from flashmask.triton_launch import preprocess
+
+    g = torch.Generator().manual_seed(5)
+    b, s, h, d = 2, 70, 3, 24
+    o, do = (torch.randn(b, s, h, d, generator=g).to(DEV) for _ in range(2))
+    lse = torch.randn(b, h, s, generator=g).to(DEV)
+    lse[0, 1, 3] = float("-inf")
+    acc = torch.full((b, s, h, d), 7.0, device=DEV)
+    want = preprocess(o, do, lse, None)
+    got = preprocess(o, do, lse, None, acc)
+    assert torch.equal(acc, torch.zeros_like(acc))
+    for a, r in zip(got, want):
+        assert torch.equal(a, r)
+    torch.testing.assert_close(got[0], (o * do).sum(-1).transpose(1, 2))
