@@ -14,7 +14,9 @@ and differs only in the attention:
 Data: a corpus of documents whose lengths are log-normal (median 661, mean 1074 tokens; ``e2e_train.py``'s fit),
 each ending in an end-of-document token, written as ``.bin``/``.idx`` and read through the real pipeline
 (``GPTDataset`` windows of ``--seq + 1`` tokens in PaddleNLP's shuffled order, ``PretrainingCollator``). Loss:
-the trainer's ``sft_loss`` (fused linear cross entropy); bf16 autocast over fp32 weights, fp32 AdamW.
+the trainer's ``sft_loss`` (fused linear cross entropy); ``--amp o1``: bf16 autocast over fp32 weights, fp32 AdamW;
+``o2`` (``fp16_opt_level: "O2"``, as ``config/ernie35se/pretrain_3b.json``): also the trainer's ``MasterWeights``
+(bf16 compute weights, fp32 master weights and AdamW states).
 
 Metrics (time between two ``cuda.synchronize`` around the timed steps): tokens/s = window tokens / seconds; MFU =
 model FLOPs / seconds / 989e12 with FLOPs = ``6 N T + 12 n_layers H_q D P`` (``e2e_models.step_flops``), ``P`` = the
@@ -50,6 +52,7 @@ from e2e_train import BACKENDS, MEDIAN, PEAK_BF16_FLOPS, SIGMA  # noqa: E402
 from paddlenlp_ext.datasets.pretraining import (PretrainingCollator, build_train_valid_test_datasets,  # noqa: E402
                                                 write_corpus)
 from paddlenlp_ext.trainer.loss import sft_loss  # noqa: E402
+from paddlenlp_ext.trainer.mixed_precision import MasterWeights  # noqa: E402
 
 EOD = 2
 SETUPS = {"docmask": (None, True), "causal": (None, False), "flex_docmask": ("flex", True),
@@ -98,6 +101,7 @@ def run(setup: str, info: dict, windows, args, device) -> dict:
         n_mm, n_train = e2e_models.matmul_params(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
         amp = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+        master = MasterWeights(model, torch.bfloat16, opt) if args.amp == "o2" else None
         tokens = pairs = 0
         t0 = None
         for i, b in enumerate(batches[: args.warmup + args.steps]):
@@ -105,9 +109,10 @@ def run(setup: str, info: dict, windows, args, device) -> dict:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 t0 = time.perf_counter()
-            with amp:
-                ls, n, _ = sft_loss(model, b)
-            (ls / n).backward()
+            with master.compute() if master is not None else contextlib.nullcontext():
+                with amp:
+                    ls, n, _ = sft_loss(model, b)
+                (ls / n).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if t0 is not None:
@@ -121,7 +126,7 @@ def run(setup: str, info: dict, windows, args, device) -> dict:
                timed_tokens=tokens, attn_pairs=pairs, final_loss=float((ls / n).detach()))
     if device.type == "cuda":
         res["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    del model, opt
+    del model, opt, master
     return res
 
 
@@ -150,6 +155,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps (Triton / torch.compile compiles)")
     ap.add_argument("--recompute", action="store_true", help="activation checkpointing (32K windows of 3B need it)")
     ap.add_argument("--tiny", action="store_true", help="toy model and short windows on CPU (smoke test)")
+    ap.add_argument("--amp", choices=("o1", "o2"), default="o1",
+                    help="o1: bf16 autocast over fp32 weights; o2: MasterWeights as fp16_opt_level O2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
