@@ -215,7 +215,7 @@ def _run_main(main, argv, resumable: bool) -> None:
     """:func:`run_cli`'s body: ``main(argv)`` with its errors and interrupts turned into one line and an exit code."""
     import sys
 
-    from paddlenlp_ext.trainer.checkpoint import PREVIOUS_RUN_DIR, SaveError
+    from paddlenlp_ext.trainer.checkpoint import PREVIOUS_RUN_DIR, SaveError, list_checkpoints
 
     try:
         main(argv)
@@ -243,6 +243,9 @@ def _run_main(main, argv, resumable: bool) -> None:
         elif resumable and _RUN.get("overwrite"):
             hint = (": rerun with overwrite_output_dir false to resume from the latest checkpoint-<step> in "
                     "output_dir (if one was saved); the same command starts over")
+        elif out and not list_checkpoints(out):  # e.g. save_strategy "no" (the LoRA examples)
+            hint = (f": no checkpoint-<step> was saved in {out} yet (save_strategy / save_steps), so the same "
+                    "command starts over")
         terminated = isinstance(e, _Terminated)
         print(f"{'terminated (SIGTERM)' if terminated else 'interrupted'}{hint}", file=sys.stderr)
         raise SystemExit(143 if terminated else 130) from None

@@ -134,6 +134,28 @@ def test_interrupt_after_overwrite_names_previous_run(capsys, monkeypatch, tmp_p
     assert capsys.readouterr().err.startswith("interrupted: rerun with overwrite_output_dir false to resume")
 
 
+def test_interrupt_before_any_checkpoint_says_the_command_starts_over(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a run whose output_dir holds no checkpoint-<step> yet (e.g. the LoRA examples, save_strategy
+    "no"): the hint says a rerun starts over; once a checkpoint exists, it says the rerun resumes."""
+    from paddlenlp_ext.trainer.launch import resume_target
+
+    monkeypatch.delenv("PADDLENLP_EXT_TRACEBACK", raising=False)
+    monkeypatch.setattr("sys.argv", ["run_finetune.py"])
+
+    def main(argv):
+        resume_target(_args(tmp_path, overwrite=False))
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main, resumable=True)
+    assert e.value.code == 130
+    assert capsys.readouterr().err.startswith(f"interrupted: no checkpoint-<step> was saved in {tmp_path} yet")
+    (tmp_path / "checkpoint-4").mkdir()
+    with pytest.raises(SystemExit):
+        run_cli(main, resumable=True)
+    assert capsys.readouterr().err.startswith("interrupted: rerun the same command to resume")
+
+
 def test_plain_run_refuses_previous_run(tmp_path):
     """A plain rerun after an overwrite run stopped before saving is refused: it would start from scratch and delete
     previous_run/ (the replaced model) at its first save without being asked to overwrite."""
