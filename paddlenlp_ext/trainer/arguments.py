@@ -41,8 +41,22 @@ def _file_ancestor(path: str) -> str | None:
         parent = os.path.dirname(parent)
     return parent if parent and os.path.isfile(parent) else None
 
+
 def _help(text: str) -> Dict[str, str]:
     return {"help": text}
+
+
+def model_implementation_field():
+    """The ``model_implementation`` key of every launcher's model arguments (ours)."""
+    return field(default="auto", metadata=_help(
+        "Ours: 'auto' (native Llama / ERNIE-3.5-SE models, transformers' implementation for every other model_type, "
+        "attention through FlashMask), 'native' or 'transformers' (e.g. Llama through transformers, to compare)."))
+
+
+def trust_remote_code_field():
+    """The ``trust_remote_code`` key of every launcher's model arguments (transformers' name)."""
+    return field(default=False, metadata=_help(
+        "Run the Python code of a model directory whose model_type transformers does not know (auto_map)."))
 
 
 class ArgumentsError(ValueError):
@@ -394,11 +408,8 @@ class ModelArgument:
         "HF-format model directory (or a name the model loader knows, e.g. the bundled SmolLM2)."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "Tokenizer dir; None = model_name_or_path (PaddleNLP declares it but never reads it)."))
-    model_implementation: str = field(default="auto", metadata=_help(
-        "Ours: 'auto' (native Llama / ERNIE-3.5-SE models, transformers' implementation for every other model_type, "
-        "attention through FlashMask), 'native' or 'transformers' (e.g. Llama through transformers, to compare)."))
-    trust_remote_code: bool = field(default=False, metadata=_help(
-        "Run the Python code of a model directory whose model_type transformers does not know (auto_map)."))
+    model_implementation: str = model_implementation_field()
+    trust_remote_code: bool = trust_remote_code_field()
     use_flash_attention: bool = field(default=False, metadata=_help(
         "Route attention through flashmask_attention (PaddleNLP: an LlmMeta training key; RM: a model key). Always "
         "in effect here: false does not fall back to eager attention (which would leak across packed examples)."))

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from paddlenlp_ext.trainer.argparser import PdArgumentParser, inert
-from paddlenlp_ext.trainer.arguments import TrainingArguments, apply_benchmark_overrides
+from paddlenlp_ext.trainer.arguments import (TrainingArguments, apply_benchmark_overrides, model_implementation_field,
+                                             trust_remote_code_field)
 from paddlenlp_ext.trl.dpo_criterion import LOSS_TYPES, NO_REFERENCE_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES
 
 logger = logging.getLogger(__name__)
@@ -110,11 +111,8 @@ class DPOModelArgument:
     model_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "HF-format model directory, or the embedded 'HuggingFaceTB/SmolLM2-135M-Instruct'."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help("Tokenizer dir; None = the model's."))
-    model_implementation: str = field(default="auto", metadata=_help(
-        "Ours: 'auto' (native Llama / ERNIE-3.5-SE models, transformers' implementation for every other model_type, "
-        "attention through FlashMask), 'native' or 'transformers' (e.g. Llama through transformers, to compare)."))
-    trust_remote_code: bool = field(default=False, metadata=_help(
-        "Run the Python code of a model directory whose model_type transformers does not know (auto_map)."))
+    model_implementation: str = model_implementation_field()
+    trust_remote_code: bool = trust_remote_code_field()
     flash_mask: bool = field(default=False, metadata=_help(
         "Kept for compatibility: the share-question mask is always given as attn_mask_startend_row_indices."))
     use_flash_attention: bool = field(default=False, metadata=_help(
@@ -260,11 +258,8 @@ class RMModelArgument:
     model_name_or_path: Optional[str] = field(default=None, metadata=_help(
         "HF-format causal-LM (or reward-model) directory, or the embedded SmolLM2."))
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata=_help("Tokenizer dir; None = the model's."))
-    model_implementation: str = field(default="auto", metadata=_help(
-        "Ours: 'auto' (native Llama / ERNIE-3.5-SE models, transformers' implementation for every other model_type, "
-        "attention through FlashMask), 'native' or 'transformers' (e.g. Llama through transformers, to compare)."))
-    trust_remote_code: bool = field(default=False, metadata=_help(
-        "Run the Python code of a model directory whose model_type transformers does not know (auto_map)."))
+    model_implementation: str = model_implementation_field()
+    trust_remote_code: bool = trust_remote_code_field()
     use_flash_attention: bool = field(default=False, metadata=_help(
         "Kept for compatibility: attention always runs through flashmask_attention."))
     recompute_granularity: str = field(default="full", metadata=inert(
