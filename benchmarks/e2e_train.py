@@ -15,8 +15,8 @@ batches are formed, how attention is computed and which fused ops / loss run:
 | ``dpo_shared`` / ``dpo_separate`` | preference packs (``e2e_dpo.py``) | FlashMask; share-question vs separate sequences |
 
 Levers per setup, as ``setup:key=value`` (e.g. ``ours:loss=full:fused=off``; defaults ``--loss``, ``--fused``,
-``--amp``; ``kernels=triton`` runs FlashMask's Triton kernels where the Gluon ones would, for a before / after in
-one run):
+``--amp``; ``kernels=triton`` runs FlashMask's Triton kernels where the Gluon ones would, to compare both kernel
+sets in one run):
 ``loss``: ``fused`` = the trainer's ``sft_loss`` (fused linear cross entropy over supervised rows, the default),
 ``fused_allrows`` (fused, every row, no host sync), ``full`` (``[T, V]`` fp32 logits, the old path), ``chunked``
 (checkpointed 4096-row chunks); ``fused``: ``on`` = ``use_fused_rms_norm/rope/swiglu`` (torch.compile'd on CUDA);

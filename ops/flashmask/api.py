@@ -145,7 +145,7 @@ def flashmask_attention(
         return_softmax_lse: also return the natural-log LSE, fp32 ``[B, H_q, S_q]`` (-inf for empty rows).
         deterministic: guarantee a bitwise-reproducible backward (as does
             ``torch.use_deterministic_algorithms(True)``). Without it the Triton path is reproducible too (dQ
-            from its own kernel, no atomics) except on sm_90 GPUs at head dim 128, where the faster Gluon
+            from its own kernel, no atomics) except on sm_90 GPUs at head dims 64 and 128, where the faster Gluon
             backward sums dQ with fp32 TMA reduce-adds (``FLASHMASK_BWD=triton`` turns it off).
         impl: ``"triton"``, ``"reference"`` or ``"auto"`` (Triton on CUDA, reference elsewhere). An explicit
             choice never falls back.

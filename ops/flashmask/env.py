@@ -1,7 +1,7 @@
 """The environment variables the FlashMask kernels read, all read here.
 
 - ``FLASHMASK_FWD`` / ``FLASHMASK_BWD``: which kernel runs the forward / the backward where the Hopper Gluon
-  kernel could (sm_90 GPU, head dim 128; :mod:`flashmask.dispatch`).
+  kernel could (sm_90 GPU; forward head dims 64, 128, 256, backward 64, 128; :mod:`flashmask.dispatch`).
 
   - ``auto`` (default): the Gluon kernel on a Triton it was built for (``dispatch.SUPPORTED_TRITON``); if it
     fails, one warning and the Triton kernel for the rest of the process.

@@ -28,8 +28,8 @@ over its own 64 keys and all head dims from its own dS^T (no exchange) and both 
 first (:func:`lpt_program` over ``MaskVectors.visit_order``).
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
-FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200:
-1.28-1.33x the Triton backward (docs/kernel_notes.md). dQ is summed by reduce-adds in the order the tiles finish,
+FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 at
+D = 128: 1.28-1.33x the Triton backward (docs/kernel_notes.md). dQ is summed by reduce-adds in the order the tiles finish,
 so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 """
 
@@ -169,7 +169,7 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
     k_w = k_smem.slice(w * KW, KW, dim=0)
     v_w = v_smem.slice(w * KW, KW, dim=0)
     k_cols = k_smem.slice(w * DQ_N, DQ_N, dim=1) if not SPLIT_KEYS else k_w  # [keys, DQ_N] of this dQ part
-    dq_w = dq_bufs.index(w)  # [BLOCK_M, D/2] fp32: staging of this warpgroup's dQ columns for the reduce-add
+    dq_w = dq_bufs.index(w)  # [BLOCK_M, DQ_N] fp32: staging of this warpgroup's dQ part for the reduce-add
     dk = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     dv = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     zero_s = gl.zeros([KW, BLOCK_M], gl.float32, layout=mma_s)

@@ -243,7 +243,7 @@ def _run_main(main, argv, resumable: bool) -> None:
         elif resumable and _RUN.get("overwrite"):
             hint = (": rerun with overwrite_output_dir false to resume from the latest checkpoint-<step> in "
                     "output_dir (if one was saved); the same command starts over")
-        elif out and not list_checkpoints(out):  # e.g. save_strategy "no" (the LoRA examples)
+        elif out and not _RUN.get("resume") and not list_checkpoints(out):  # e.g. save_strategy "no" (LoRA)
             hint = (f": no checkpoint-<step> was saved in {out} yet (save_strategy / save_steps), so the same "
                     "command starts over")
         terminated = isinstance(e, _Terminated)
@@ -354,7 +354,8 @@ def resume_target(training_args, model_path: str | None = None):
     Returns a checkpoint path, ``True``/a path string given by the user, or None (fresh start).
     """
     _RUN.update(output_dir=training_args.output_dir, overwrite=bool(training_args.overwrite_output_dir)
-                and training_args.resume_from_checkpoint is None)
+                and training_args.resume_from_checkpoint is None,
+                resume=training_args.resume_from_checkpoint not in (None, False))
     if training_args.resume_from_checkpoint is not None:
         if training_args.overwrite_output_dir:
             logger.warning("resume_from_checkpoint=%s is given: it is resumed, and overwrite_output_dir removes "

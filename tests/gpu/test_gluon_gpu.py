@@ -84,6 +84,24 @@ def test_gluon_head_dims(monkeypatch, which, d, mode, dtype):
     assert calls, f"the Gluon {which} kernel did not run"
 
 
+@pytest.mark.parametrize("l2_bytes", [3 << 17, 3 << 21], ids=["fwd-chunks-of-3", "bwd-chunks-of-3"])
+@pytest.mark.parametrize("mode", [3, 5])
+def test_gluon_longest_first_over_several_head_chunks(monkeypatch, l2_bytes, mode):
+    """Both Gluon kernels with the rows (batch x head) split into several longest-first chunks, the last one short:
+    ``LPT_L2_BYTES`` lowered so that 3 rows fit (forward: 16 query-head rows of 128 KB, chunks 3, 3, 3, 3, 3, 1;
+    backward: 4 KV-head rows of 2 MB, chunks 3, 1). B = 2, GQA 8:2, a mask per batch and KV head."""
+    _require_hopper()
+    from flashmask import gluon_bwd
+
+    calls = {w: _spy(monkeypatch, w) for w in ENV}
+    monkeypatch.setattr(gluon_bwd, "LPT_L2_BYTES", l2_bytes)
+    causal, c = MODES[mode]
+    sri = random_sri(2, 2, 1024, causal, c, torch.Generator().manual_seed(40 + mode))
+    q, k, v, do = qkv(2, 1024, 8, 2, 128, torch.bfloat16, 40 + mode)
+    check(q, k, v, do, sri, causal)
+    assert calls["fwd"] and calls["bwd"], "both Gluon kernels must run"
+
+
 @pytest.mark.parametrize("name", ["causal_document", "document", "share_question", "sliding_window",
                                   "global_sliding", "prefix_lm_causal", "prefix_lm_document", "causal_blockwise",
                                   "qk_sparse", "random_eviction_per_head"])

@@ -144,7 +144,8 @@ def test_forward_dispatch(monkeypatch):
 @pytest.mark.parametrize("shape,dtype,rows,cols,block", [
     ((2, 256, 4, 128), torch.bfloat16, 512, 512, [64, 128]),  # q / dO: [B*S, H*D], [BLOCK_M, D] boxes
     ((2, 256, 2, 128), torch.float16, 512, 256, [64, 128]),  # dk / dv boxes of the GQA case
-    ((8, 256, 128), torch.float32, 2048, 128, [64, 128]),  # the fp32 dQ accumulator
+    ((2, 256, 4, 128), torch.float32, 512, 512, [64, 64]),  # the fp32 dQ accumulator [B*S, H*D], D/2 boxes
+    ((2, 256, 4, 64), torch.float32, 512, 256, [64, 64]),  # at D = 64: [BLOCK_M, D] boxes
     ((2, 4, 256), torch.float32, 32, 64, [1, 64]),  # LSE / Delta rows
 ])
 def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):

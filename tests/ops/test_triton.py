@@ -420,10 +420,12 @@ def test_delta_preprocessing_zeroes_the_dq_accumulator_in_the_same_pass():
     o, do = (torch.randn(b, s, h, d, generator=g).to(DEV) for _ in range(2))
     lse = torch.randn(b, h, s, generator=g).to(DEV)
     lse[0, 1, 3] = float("-inf")
-    acc = torch.full((b, s, h, d), 7.0, device=DEV)
+    buf = torch.full((b * s * h * d + 2 * 64,), 7.0, device=DEV)  # guard regions either side
+    acc = buf[64:-64].view(b, s, h, d)
     want = preprocess(o, do, lse, None)
     got = preprocess(o, do, lse, None, acc)
     assert torch.equal(acc, torch.zeros_like(acc))
+    assert bool((buf[:64] == 7).all()) and bool((buf[-64:] == 7).all())  # nothing written outside it
     for a, r in zip(got, want):
         assert torch.equal(a, r)
     torch.testing.assert_close(got[0], (o * do).sum(-1).transpose(1, 2))

@@ -150,6 +150,18 @@ def test_interrupt_before_any_checkpoint_says_the_command_starts_over(tmp_path, 
         run_cli(main, resumable=True)
     assert e.value.code == 130
     assert capsys.readouterr().err.startswith(f"interrupted: no checkpoint-<step> was saved in {tmp_path} yet")
+    other = tmp_path / "other" / "checkpoint-2"
+    other.mkdir(parents=True)
+
+    def main_resumed(argv):  # resume_from_checkpoint names a checkpoint elsewhere: the same command resumes it
+        args = _args(tmp_path, overwrite=False)
+        args.resume_from_checkpoint = str(other)
+        resume_target(args)
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit):
+        run_cli(main_resumed, resumable=True)
+    assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted: rerun the same command to resume")
     (tmp_path / "checkpoint-4").mkdir()
     with pytest.raises(SystemExit):
         run_cli(main, resumable=True)

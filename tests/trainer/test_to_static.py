@@ -164,14 +164,14 @@ def test_deep_copy_of_a_compiled_model_runs_its_own_weights():
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
-def test_compiled_layers_of_transformers_models_match_eager(family):
+def test_compiled_layers_of_transformers_models_match_eager(family, monkeypatch):
     """``to_static`` on the generic path (``HFCausalLM`` over transformers' own decoder layers, the FlashMask
     backend, sliding-window layers folded into the vectors): a packed batch's loss and gradients, compiled ==
     eager within twice the eager fp32 run's distance to transformers' ``eager`` attention in fp64 on each example
     alone (same weights), plus 1e-6."""
     import torch._dynamo
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     from tests._hf_tiny import tiny_config
 
     from paddlenlp_ext.transformers.hf_causal_lm import HFCausalLM

@@ -16,7 +16,7 @@ TEXTS = ["The cat sat on the mat and looked at the door.", "Paris is the capital
          "She wrote the letter and then went out.", "Numbers add up: one, two, three, four."]
 
 
-def _train(path, tmp_path, impl: str, padding_free: bool, steps: int, spy=None):
+def _train(path, tmp_path, impl: str, padding_free: bool, steps: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
