@@ -23,9 +23,9 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
-                                         lora_plus_optimizer, output_dir_lock, require_model_path, resume_target,
-                                         run_cli, save_adapter, train_summary, used_splits, warn_if_longer_than_model)
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, lora_plus_optimizer, output_dir_lock,
+                                         require_model_path, resume_target, run_cli, save_adapter,
+                                         train_and_evaluate, used_splits, warn_if_longer_than_model)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trainer.resume_config import data_keys
 from paddlenlp_ext.trl.arguments import parse_dpo_args
@@ -59,10 +59,6 @@ def build_policy(model_args, training_args, dpo_config):
         n = sum(p.numel() for p in model.parameters() if p.requires_grad)
         logger.info("LoRA: %d trainable parameters of %d", n, sum(p.numel() for p in model.parameters()))
     return model
-
-
-def _pick(metrics: dict) -> dict:
-    return {k: round(float(metrics[k]), 5) for k in _EVAL_KEYS if k in metrics}
 
 
 def main(argv=None) -> dict:
@@ -116,24 +112,15 @@ def _run(start, model_args, data_args, training_args, dpo_config) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir, "loss_type": dpo_config.loss_type}
     do_eval = training_args.do_eval and dev_ds is not None
-    if training_args.do_train:
-        if train_ds is None:
-            raise ValueError("do_train=true needs train_dataset_path")
-        clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
-        # evaluate_first: "before" is measured after a resumed checkpoint has loaded, before the first new step
-        result = trainer.train(resume_from_checkpoint=resume, evaluate_first=do_eval)
-        if result["eval_before"] is not None:
-            summary["dev_before"] = _pick(result["eval_before"])
-        summary.update(train_summary(result))
-        if not (training_args.benchmark or training_args.autotuner_benchmark
-                or keep_final_model(result, training_args.output_dir, dpo_config.lora)):
-            if dpo_config.lora:
-                save_adapter(trainer, model_args, training_args.output_dir)
-            else:
-                trainer.save_model()
-            summary["saved_to"] = os.path.abspath(training_args.output_dir)
-    if do_eval:
-        summary["dev_after"] = _pick(trainer.evaluate())
+
+    def save():
+        if dpo_config.lora:
+            save_adapter(trainer, model_args, training_args.output_dir)
+        else:
+            trainer.save_model()
+
+    train_and_evaluate(trainer, training_args, train_ds, resume, do_eval, summary, _EVAL_KEYS, save,
+                       dpo_config.lora)
     return finish(summary, trainer, start)
 
 

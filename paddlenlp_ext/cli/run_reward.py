@@ -23,9 +23,9 @@ import time
 import torch
 
 from paddlenlp_ext.trainer import set_seed
-from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, keep_final_model,
-                                         output_dir_lock, require_model_path, resume_target, run_cli, train_summary,
-                                         used_splits, warn_if_longer_than_model)
+from paddlenlp_ext.trainer.launch import (finish, init_parallel_dims, output_dir_lock, require_model_path,
+                                         resume_target, run_cli, train_and_evaluate, used_splits,
+                                         warn_if_longer_than_model)
 from paddlenlp_ext.trainer.logging_utils import setup_logging
 from paddlenlp_ext.trainer.resume_config import data_keys
 from paddlenlp_ext.trl.arguments import parse_rm_args
@@ -96,21 +96,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
 
     summary: dict = {"output_dir": training_args.output_dir}
     do_eval = training_args.do_eval and dev_ds is not None
-    if training_args.do_train:
-        if train_ds is None:
-            raise ValueError("do_train=true needs train_dataset_path")
-        clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
-        # evaluate_first: "before" is measured after a resumed checkpoint has loaded, before the first new step
-        result = trainer.train(resume_from_checkpoint=resume, evaluate_first=do_eval)
-        if result["eval_before"] is not None:
-            summary["dev_before"] = {k: round(v, 5) for k, v in result["eval_before"].items() if k in _EVAL_KEYS}
-        summary.update(train_summary(result))
-        if not (training_args.benchmark or training_args.autotuner_benchmark
-                or keep_final_model(result, training_args.output_dir)):
-            trainer.save_model()
-            summary["saved_to"] = os.path.abspath(training_args.output_dir)
-    if do_eval:
-        summary["dev_after"] = {k: round(v, 5) for k, v in trainer.evaluate().items() if k in _EVAL_KEYS}
+    train_and_evaluate(trainer, training_args, train_ds, resume, do_eval, summary, _EVAL_KEYS, trainer.save_model)
     return finish(summary, trainer, start)
 
 

@@ -499,6 +499,37 @@ def train_summary(result: dict) -> dict:
     return out
 
 
+def train_and_evaluate(trainer, training_args, train_ds, resume, do_eval: bool, summary: dict, eval_keys, save,
+                       lora: bool = False) -> dict:
+    """The train / save / evaluate tail of the preference launchers (DPO, RM), filling ``summary``: train
+    (``evaluate_first`` when ``do_eval``: ``dev_before`` is measured after a resumed checkpoint has loaded, before
+    the first new step), ``save()`` the final model unless benchmarking or the call trained nothing over an
+    existing final model (:func:`keep_final_model`), then ``dev_after``; the dev metrics are those of
+    ``eval_keys``, rounded to 5 digits. Returns ``summary``.
+
+    Raises:
+        ValueError: ``do_train`` without a training set.
+    """
+    def pick(metrics: dict) -> dict:
+        return {k: round(float(metrics[k]), 5) for k in eval_keys if k in metrics}
+
+    if training_args.do_train:
+        if train_ds is None:
+            raise ValueError("do_train=true needs train_dataset_path")
+        clear_previous_run(training_args)  # overwrite_output_dir: only now that all has loaded
+        result = trainer.train(resume_from_checkpoint=resume, evaluate_first=do_eval)
+        if result["eval_before"] is not None:
+            summary["dev_before"] = pick(result["eval_before"])
+        summary.update(train_summary(result))
+        if not (training_args.benchmark or training_args.autotuner_benchmark
+                or keep_final_model(result, training_args.output_dir, lora)):
+            save()
+            summary["saved_to"] = os.path.abspath(training_args.output_dir)
+    if do_eval:
+        summary["dev_after"] = pick(trainer.evaluate())
+    return summary
+
+
 def finish(summary: dict, trainer, start: float) -> dict:
     """Add the wall time, print the ``[summary]`` JSON line (rank 0), tear down the process group."""
     summary["wall_time_s"] = round(time.perf_counter() - start, 1)
