@@ -235,10 +235,7 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:
-        fresh = (trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step
-                 and training_args.do_train)
-        # an evaluation at the last step (eval_steps) already measured the final model
-        after = trainer.last_eval[1] if fresh else trainer.evaluate()
+        after = trainer.evaluate_final(training_args.do_train)
         summary["dev_loss_after"], summary["dev_after"] = after["eval_loss"], _dev_metrics(after)
     if chat_args.chat_after_train and not is_distributed():
         from paddlenlp_ext.transformers.generation import chat

@@ -177,9 +177,7 @@ def _run(start, model_args, data_args, training_args) -> dict:
             trainer.save_model()
         summary["saved_to"] = os.path.abspath(training_args.output_dir)
     if do_eval:
-        fresh = (trainer.last_eval is not None and trainer.last_eval[0] == trainer.state.global_step
-                 and training_args.do_train)
-        after = trainer.last_eval[1] if fresh else trainer.evaluate()
+        after = trainer.evaluate_final(training_args.do_train)
         summary["eval_loss_after"], summary["eval_ppl_after"] = after["eval_loss"], after["eval_ppl"]
     if training_args.do_predict and test_ds is not None:
         test = trainer.evaluate(eval_subset(test_ds, training_args.per_device_eval_batch_size, data_ranks,

@@ -490,6 +490,13 @@ class Trainer:
             logger.info("eval: %s", json.dumps(result))
         return result
 
+    def evaluate_final(self, trained: bool) -> dict[str, float]:
+        """:meth:`evaluate` of the final model, reusing an evaluation at the last step (``eval_steps``) when this
+        call ``trained`` (a resume that trained nothing evaluates anew)."""
+        if trained and self.last_eval is not None and self.last_eval[0] == self.state.global_step:
+            return self.last_eval[1]
+        return self.evaluate()
+
     def _eval_batches(self, dataset):
         """``(batch, real)`` over this data rank's share of the dev set, every item exactly once overall.
 
