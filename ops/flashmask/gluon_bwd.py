@@ -44,6 +44,8 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from . import launch_cache
+
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
 HEAD_DIMS = (64, 128)
@@ -341,16 +343,30 @@ def _nvmma_layout(block: tuple, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), dt)
 
 
+_DESC_FIELDS: dict = {}  # (rows, cols, block, dtype) -> the fields of a validated descriptor, base left out
+
+
 def tensor_desc(t, rows: int, cols: int, block: list[int]):
     """A Gluon TMA descriptor over ``t`` viewed as ``[rows, cols]`` with ``block`` boxes and the default
     NVMMA shared layout; ``t`` contiguous bf16 / fp16 / fp32 with ``rows * cols`` elements (``ValueError``
-    otherwise)."""
+    otherwise). Triton validates the first descriptor of each geometry; later ones copy its fields and swap the
+    base (a launch builds up to nine, and validation is most of their host cost)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if not t.is_contiguous() or t.numel() != rows * cols:
         raise ValueError(f"gluon_bwd.tensor_desc: a contiguous tensor of {rows} x {cols} elements is needed; got "
                          f"shape {tuple(t.shape)}, strides {t.stride()}")
-    return TensorDescriptor(t, [rows, cols], [cols, 1], list(block), _nvmma_layout(tuple(block), t.dtype))
+    key = (rows, cols, tuple(block), t.dtype)
+    fields = _DESC_FIELDS.get(key)
+    if fields is None or t.data_ptr() % 16:
+        desc = TensorDescriptor(t, [rows, cols], [cols, 1], list(block), _nvmma_layout(tuple(block), t.dtype))
+        if hasattr(desc, "__dict__"):
+            _DESC_FIELDS[key] = dict(desc.__dict__, base=None)
+        return desc
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(fields)
+    desc.base = t
+    return desc
 
 
 def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, scale: float, log2e: float):
@@ -387,7 +403,7 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
     lrows = b * h_q * s_q // bm
     g = h_q // h_k
     hc = rows_per_chunk(2 * g * s_q * d * q.element_size(), b * h_k)  # a KV head streams its group's Q and dO
-    flashmask_bwd_gluon_kernel[(b * h_k * (s_k // bn),)](
+    launch_cache.launch(flashmask_bwd_gluon_kernel, (b * h_k * (s_k // bn),),
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
         desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),

@@ -34,6 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from . import launch_cache
 from .gluon_bwd import lpt_program, rows_per_chunk, tensor_desc, visit_list_row
 
 BLOCK_M = gl.constexpr(128)  # query rows per program (64 per consumer warpgroup)
@@ -248,7 +249,7 @@ def launch(q, k, v, lists, order, mv, causal: bool, scale: float, log2e: float):
     idx, n_part, n_full, full_lo = lists  # [L, NUM_M, NUM_N], [L, NUM_M] x 3
     g = h_q // h_k
     hc = rows_per_chunk(2 * s_k * d * q.element_size() // g, b * h_q)  # a query head streams its share of K and V
-    flashmask_fwd_gluon_kernel[(b * h_q * (s_q // bm),)](
+    launch_cache.launch(flashmask_fwd_gluon_kernel, (b * h_q * (s_q // bm),),
         tensor_desc(q, b * s_q, h_q * d, [bm // 2, d]), tensor_desc(k, b * s_k, h_k * d, [bn, d]),
         tensor_desc(v, b * s_k, h_k * d, [bn, d]), tensor_desc(o, b * s_q, h_q * d, [bm // 2, d]), lse, mv.lts,
         mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, order, s_q, s_k, h_q, mv.h_mask, idx.shape[1],

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.runtime.errors  # noqa: F401  (OutOfResources)
 
+from . import launch_cache
+
 LOG2E = 1.4426950408889634
 
 _OVERRIDE: dict = {}  # "fwd" / "bwd" -> config dict, set by tile_override()
@@ -102,11 +104,11 @@ def launch(kernel, grid, *args, **kwargs):
     Raises:
         triton.runtime.errors.OutOfResources: even one stage does not fit.
     """
-    key = (kernel.fn.__name__, tuple(sorted(kwargs.items())))
+    key = (kernel, tuple(kwargs.items()))  # a call site passes its keywords in one order
     stages = _WORKING_STAGES.get(key, kwargs.get("num_stages", 1))
     while True:
         try:
-            kernel[grid](*args, **dict(kwargs, num_stages=stages))
+            launch_cache.launch(kernel, grid, *args, **dict(kwargs, num_stages=stages))
             _WORKING_STAGES[key] = stages
             return
         except triton.runtime.errors.OutOfResources:

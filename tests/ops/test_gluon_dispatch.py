@@ -149,22 +149,24 @@ def test_forward_dispatch(monkeypatch):
     ((2, 4, 256), torch.float32, 32, 64, [1, 64]),  # LSE / Delta rows
 ])
 def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):
-    """The launcher's cached-layout descriptor describes the same memory, box and layout as Gluon's own
-    ``TensorDescriptor.from_tensor`` over a view (a slower way to build it), and refuses a strided tensor."""
+    """The launcher's descriptors (the first of a geometry validated by Triton, the next ones copies with another
+    base) describe the same memory, box and layout as Gluon's own ``TensorDescriptor.from_tensor`` over a view (a
+    slower way to build them), and a strided tensor is refused."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from flashmask import gluon_bwd
 
-    t = torch.zeros(shape, dtype=dtype)
-    got = gluon_bwd.tensor_desc(t, rows, cols, block)
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
-    ref = TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
-    assert got.base.data_ptr() == ref.base.data_ptr()
-    assert (list(got.shape), list(got.strides), list(got.block_shape)) == (list(ref.shape), list(ref.strides),
-                                                                          list(ref.block_shape))
-    assert got.layout == ref.layout
+    first, second = torch.zeros(shape, dtype=dtype), torch.ones(shape, dtype=dtype)
+    for t in (first, second):  # the second one copies the validated fields of the first
+        got = gluon_bwd.tensor_desc(t, rows, cols, block)
+        ref = TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+        assert got.base is t and got.base.data_ptr() == ref.base.data_ptr()
+        assert (list(got.shape), list(got.strides), list(got.block_shape)) == (list(ref.shape), list(ref.strides),
+                                                                              list(ref.block_shape))
+        assert got.layout == ref.layout and got.padding == ref.padding
     with pytest.raises(ValueError, match="contiguous"):
         gluon_bwd.tensor_desc(t.transpose(0, 1), rows, cols, block)
 
