@@ -8,6 +8,7 @@ loss (fused linear cross entropy over the supervised rows of the final hidden st
 | setup | model | batches | attention |
 |---|---|---|---|
 | ``ours`` | transformers Qwen2 (``HFCausalLM``) | packs + ``attn_mask_startend_row_indices`` | ``FlashMask`` backend |
+| ``ours_fused`` | ``ours`` + ``use_fused_rms_norm`` / ``use_fused_swiglu`` (``hf_fused_ops``) | the same | ``FlashMask`` backend |
 | ``hf_sdpa_padded`` | transformers Qwen2 | ``--batch_size`` examples padded to the longest | ``sdpa`` |
 | ``hf_flex_packed`` | transformers Qwen2 | the same packs, ``position_ids`` restarting per example | ``flex_attention`` |
 | ``hf_sdpa_packed`` | transformers Qwen2 | the same packs via ``position_ids`` | ``sdpa`` (dense packed mask) |
@@ -55,7 +56,7 @@ SHAPES = {
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=4096),
 }
-SETUPS = ("ours", "hf_sdpa_padded", "hf_flex_packed", "hf_sdpa_packed", "native_llama", "hf_llama")
+SETUPS = ("ours", "ours_fused", "hf_sdpa_padded", "hf_flex_packed", "hf_sdpa_packed", "native_llama", "hf_llama")
 PADDED = ("hf_sdpa_padded",)
 
 
@@ -72,12 +73,16 @@ def build(setup: str, shape: dict, family: str, device):
 
         with torch.device(device):
             return LlamaForCausalLM(LlamaConfig(**shape, rms_norm_eps=1e-6)).train()
-    impl = {"ours": FLASHMASK, "hf_llama": FLASHMASK, "hf_sdpa_padded": "sdpa", "hf_sdpa_packed": "sdpa",
+    impl = {"ours": FLASHMASK, "ours_fused": FLASHMASK, "hf_llama": FLASHMASK, "hf_sdpa_padded": "sdpa", "hf_sdpa_packed": "sdpa",
             "hf_flex_packed": "flex_attention"}[setup]
     cls = "LlamaConfig" if setup == "hf_llama" else ("Qwen3Config" if family == "qwen3-1.7b" else "Qwen2Config")
     config = getattr(transformers, cls)(**shape, attn_implementation=impl, use_cache=False)
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl)
+    if setup == "ours_fused":
+        from paddlenlp_ext.transformers.hf_fused_ops import fuse_modules
+
+        fuse_modules(hf, rms_norm=True, swiglu=True)
     return HFCausalLM(hf).train() if impl == FLASHMASK else hf.train()
 
 
@@ -107,7 +112,7 @@ def loss_sum(setup: str, model, b: dict) -> torch.Tensor:
     """Summed CE over supervised rows: the trunk's final hidden states through the head, fused and chunked."""
     if setup == "native_llama":
         h = model.model(b["input_ids"], b["position_ids"], b["attn_mask_startend_row_indices"])
-    elif setup in ("ours", "hf_llama"):
+    elif setup in ("ours", "ours_fused", "hf_llama"):
         h = model.model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False,
                         attn_mask_startend_row_indices=b["attn_mask_startend_row_indices"])[0]
     elif setup in PADDED:

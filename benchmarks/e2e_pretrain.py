@@ -23,7 +23,8 @@ model FLOPs / seconds / 989e12 with FLOPs = ``6 N T + 12 n_layers H_q D P`` (``e
 (query, key) pairs the mask leaves (document-masked setups: only within documents, so they do fewer FLOPs for the
 same tokens; their MFU counts only useful work); peak GiB = ``torch.cuda.max_memory_allocated``.
 
-Usage: ``python benchmarks/e2e_pretrain.py --seq 8192 32768 [--model ernie3b] [--steps 8 --warmup 3] [--out f.json]``;
+Usage: ``python benchmarks/e2e_pretrain.py --seq 8192 32768 [--model ernie3b] [--amp o2] [--compile] [--steps 8
+--warmup 3] [--out f.json]`` (``--compile``: every setup's decoder layers compiled, as ``to_static``);
 ``--tiny``: toy model on CPU (smoke test). Targets: docmask >= causal tokens/s, >= 1.2x flex_docmask at
 32K, MFU >= 45 % at 8K.
 """
@@ -98,6 +99,9 @@ def run(setup: str, info: dict, windows, args, device) -> dict:
     with e2e_models.patched_attention(BACKENDS.get(backend) if backend else None):
         torch.manual_seed(args.seed)
         model = e2e_models.build_model(info, "ours", device, args.recompute, fused_elementwise=True)
+        if args.compile:  # each decoder layer compiled, as the trainer's to_static
+            for layer in getattr(getattr(model, "model", model), "layers"):
+                layer.compile()
         n_mm, n_train = e2e_models.matmul_params(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
         amp = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
@@ -157,6 +161,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="toy model and short windows on CPU (smoke test)")
     ap.add_argument("--amp", choices=("o1", "o2"), default="o1",
                     help="o1: bf16 autocast over fp32 weights; o2: MasterWeights as fp16_opt_level O2")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (to_static), every setup")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

@@ -46,9 +46,9 @@ def build_policy(model_args, training_args, dpo_config):
                                                  recompute=training_args.recompute,
                                                  model_implementation=model_args.model_implementation,
                                                  trust_remote_code=model_args.trust_remote_code)
-    from paddlenlp_ext.transformers.hf_causal_lm import check_native_only_keys
+    from paddlenlp_ext.transformers.hf_fused_ops import apply_fused_op_keys
 
-    check_native_only_keys(model, training_args, model_args.model_name_or_path)
+    apply_fused_op_keys(model, training_args, model_args.model_name_or_path)
     from paddlenlp_ext.ops import set_llm_config
 
     set_llm_config(model, training_args)  # use_fused_* keys -> model config (PaddleNLP run_dpo's LlmMetaConfig)

@@ -78,9 +78,9 @@ def build_model(model_args, training_args):
         logger.warning("continue_training=False: building %s from its config with random weights", name)
         config = AutoConfig.from_pretrained(name, recompute=training_args.recompute, **impl)
         model = AutoModelForCausalLM.from_config(config, recompute=training_args.recompute)
-    from paddlenlp_ext.transformers.hf_causal_lm import check_native_only_keys
+    from paddlenlp_ext.transformers.hf_fused_ops import apply_fused_op_keys
 
-    check_native_only_keys(model, training_args, name)
+    apply_fused_op_keys(model, training_args, name)
     if model_args.lora:
         try:
             from paddlenlp_ext.peft import apply_lora

@@ -67,11 +67,11 @@ def _run(start, model_args, data_args, training_args) -> dict:
 
     cls = reward_model_class(path, model_args.model_implementation, model_args.trust_remote_code)
     if cls is HFForScore:  # any transformers family: its *ForSequenceClassification
-        from paddlenlp_ext.transformers.hf_causal_lm import check_native_only_keys
+        from paddlenlp_ext.transformers.hf_fused_ops import apply_fused_op_keys
 
         model = HFForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute,
                                            trust_remote_code=model_args.trust_remote_code)
-        check_native_only_keys(model, training_args, name)
+        apply_fused_op_keys(model, training_args, name)
     else:
         model = LlamaForScore.from_pretrained(path, dtype=torch.float32, recompute=training_args.recompute)
     warn_if_longer_than_model(model, data_args, name)

@@ -209,22 +209,3 @@ def is_hf_model(model: nn.Module) -> bool:
     """Whether ``model`` (possibly FSDP / LoRA wrapped in place) is an :class:`HFCausalLM`."""
     return bool(getattr(model, "is_hf_model", False))
 
-
-NATIVE_ONLY_KEYS = ("use_fused_rms_norm", "use_fused_rope", "use_fused_swiglu")
-
-
-def check_native_only_keys(model: nn.Module, args, model_name_or_path: str) -> None:
-    """Refuse training keys that act on the native Llama / ERNIE-3.5-SE code only when ``model`` runs a
-    ``transformers`` implementation (their compiled ops live inside our model files).
-
-    Raises:
-        ValueError: naming the key(s), the model_type and the two ways out.
-    """
-    if not is_hf_model(model):
-        return
-    on = [k for k in NATIVE_ONLY_KEYS if getattr(args, k, False)]
-    if on:
-        mt = getattr(model.config, "model_type", "?")
-        raise ValueError(f"{', '.join(on)}: true acts on the native Llama / ERNIE-3.5-SE models only; "
-                         f"{model_name_or_path} (model_type {mt!r}) runs transformers' implementation. Remove the "
-                         f"key(s), or for a Llama set model_implementation: native")

@@ -1,0 +1,88 @@
+"""``use_fused_rms_norm`` / ``use_fused_swiglu`` on ``transformers`` models: which modules each family fuses, that
+the fused model computes the family's forward and gradients, and the refusals."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from paddlenlp_ext.ops import elementwise
+from paddlenlp_ext.transformers.hf_causal_lm import HFCausalLM
+from paddlenlp_ext.transformers.hf_fused_ops import apply_fused_op_keys, fuse_modules
+from tests._hf_tiny import tiny_model
+
+pytest.importorskip("transformers")
+
+EXPECTED = {  # family -> (RMSNorm classes, MLP classes) computed as the fused ops compute them
+    "llama": (["LlamaRMSNorm"], ["LlamaMLP"]),
+    "qwen2": (["Qwen2RMSNorm"], ["Qwen2MLP"]),
+    "qwen3": (["Qwen3RMSNorm"], ["Qwen3MLP"]),  # the q / k norms too
+    "mistral": (["MistralRMSNorm"], ["MistralMLP"]),
+    "phi3": (["Phi3RMSNorm"], []),  # one gate_up_proj
+    "gemma3_text": ([], []),  # (1 + weight) norms, GELU MLPs
+}
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_each_family_fuses_the_modules_that_compute_the_op(family):
+    model = tiny_model(family)
+    got = fuse_modules(model, rms_norm=True, swiglu=True)
+    assert (got["use_fused_rms_norm"], got["use_fused_swiglu"]) == EXPECTED[family]
+    n_norms = sum(type(m).__name__ in EXPECTED[family][0] for m in model.modules())
+    assert sum("forward" in vars(m) for m in model.modules()) == n_norms + sum(
+        type(m).__name__ in EXPECTED[family][1] for m in model.modules())
+
+
+@pytest.fixture
+def compile_on_cpu():
+    torch._dynamo.reset()
+    elementwise._compiled.clear()
+    elementwise.COMPILE_ON_CPU = True
+    yield
+    elementwise.COMPILE_ON_CPU = False
+    elementwise._compiled.clear()
+    torch._dynamo.reset()
+
+
+def _logits_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids).logits
+    (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_fused_qwen3_matches_transformers_forward_and_gradients(compile_on_cpu):
+    """Compiled (Inductor on the CPU, as CUDA runs it) RMSNorm incl. Qwen3's q / k norms and SwiGLU: logits and
+    every parameter gradient equal transformers' eager model to fp32 rounding."""
+    ids = torch.randint(0, 96, (2, 11))
+    ref_model, fused_model = tiny_model("qwen3").train(), tiny_model("qwen3").train()
+    ref = _logits_and_grads(ref_model, ids)
+    fuse_modules(fused_model, rms_norm=True, swiglu=True)
+    got = _logits_and_grads(fused_model, ids)
+    assert elementwise._compiled and not elementwise._failed
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    for name, g in ref[1].items():
+        torch.testing.assert_close(got[1][name], g, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _args(**keys):
+    return SimpleNamespace(**{"use_fused_rms_norm": False, "use_fused_rope": False, "use_fused_swiglu": False,
+                              **keys})
+
+
+def test_a_family_without_the_op_is_refused_by_name():
+    model = HFCausalLM(tiny_model("gemma3_text"))
+    with pytest.raises(ValueError, match=r"use_fused_rms_norm: true needs an RMSNorm computed as Llama's .*"
+                                         r"/models/gemma \(model_type 'gemma3_text'\) has none"):
+        apply_fused_op_keys(model, _args(use_fused_rms_norm=True), "/models/gemma")
+    with pytest.raises(ValueError, match=r"use_fused_rope: true acts on the native Llama"):
+        apply_fused_op_keys(HFCausalLM(tiny_model("qwen2")), _args(use_fused_rope=True), "/models/qwen2")
+
+
+def test_native_models_are_left_to_their_config():
+    from paddlenlp_ext.transformers.llama import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert apply_fused_op_keys(model, _args(use_fused_rms_norm=True, use_fused_rope=True), "tiny") == {}
+    assert not any("forward" in vars(m) for m in model.modules())
