@@ -10,7 +10,8 @@ compiled kernel by a cheaper, stricter summary of the arguments and calls its la
 - integers, constexprs and launch options (``num_warps``, ...): their exact values (Triton specialises on
   ``== 1``, ``% 16 == 0`` and the width; the exact value implies all three);
 - floats and bools: their type; ``None``: itself;
-- TMA descriptors (``TensorDescriptor``): base dtype and alignment, shape, strides, block shape, layout.
+- TMA descriptors (``TensorDescriptor``): base dtype and alignment, shape, strides, block shape, layout;
+- the kernel, the grid and the current device.
 
 Equal keys therefore mean equal specialisations, and a key seen for the first time goes through
 ``kernel[grid](...)`` (compiling if Triton has no kernel yet), whose result is kept. Under ``TRITON_INTERPRET=1``
@@ -21,6 +22,8 @@ every call goes through ``kernel[grid]``. The direct call is the one ``JITFuncti
 from __future__ import annotations
 
 import torch
+
+from .env import interpreting
 
 _MAX_ENTRIES = 512  # distinct (kernel, shape) launches kept; a training run sees a handful of sequence lengths
 _cache: dict = {}
@@ -42,12 +45,14 @@ def _arg_key(a):
     return a  # constexpr values of other types (hashable by Triton's own rules)
 
 
-def _current_stream():
-    """The raw stream Triton launches on (that of the current device, as ``JITFunction.run``)."""
+def _device_and_stream() -> tuple:
+    """The current device and its raw stream, where Triton launches (as ``JITFunction.run``); a compiled kernel's
+    function handle belongs to one device, so the device is part of the key."""
     from triton.runtime.driver import driver
 
     active = driver.active
-    return active.get_current_stream(active.get_current_device())
+    device = active.get_current_device()
+    return device, active.get_current_stream(device)
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
@@ -57,14 +62,18 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
     Raises what ``kernel[grid]`` raises on the first launch of a key (compilation errors, ``OutOfResources``).
     """
+    if interpreting():
+        kernel[grid](*args, **kwargs)
+        return
+    device, stream = _device_and_stream()
     try:
-        key = (id(kernel), grid, tuple(map(_arg_key, args)), tuple((k, _arg_key(v)) for k, v in kwargs.items()))
+        key = (id(kernel), device, grid, tuple(map(_arg_key, args)), tuple((k, _arg_key(v)) for k, v in kwargs.items()))
         entry = _cache.get(key)
     except TypeError:  # an unhashable argument: Triton's own path decides
         key, entry = None, None
     if entry is None:
         compiled = kernel[grid](*args, **kwargs)
-        if key is not None and hasattr(compiled, "packed_metadata"):  # not the interpreter
+        if key is not None and hasattr(compiled, "packed_metadata"):  # a compiled kernel, not a pending one
             if len(_cache) >= _MAX_ENTRIES:
                 _cache.clear()
             tail = tuple(kernel.arg_names[len(args):])
@@ -75,7 +84,6 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     full = args + tuple(kwargs[nm] for nm in tail) if tail else args
     from triton import knobs
 
-    stream = _current_stream()
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
     g = grid + (1, 1)

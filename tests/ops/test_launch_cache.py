@@ -44,7 +44,9 @@ def _fresh():
 
 
 def _direct_launches_on_gpu_only(monkeypatch):
-    monkeypatch.setattr(launch_cache, "_current_stream", lambda: 0)
+    """As on a GPU: compiled kernels (the suite sets TRITON_INTERPRET=1 on CPU machines), device 0."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launch_cache, "_device_and_stream", lambda: (0, 0))
 
 
 def test_second_launch_calls_the_compiled_kernel_with_constexprs_in_signature_order(monkeypatch):
@@ -93,14 +95,19 @@ def test_a_missing_constexpr_keyword_is_never_kept(monkeypatch):
     assert len(k.slow) == 2
 
 
-def test_the_interpreter_result_is_never_kept():
-    class _Interpreted(_Kernel):
-        def __getitem__(self, grid):
-            def call(*args, **kwargs):
-                self.slow.append(grid)
-            return call
+def test_another_device_goes_through_triton(monkeypatch):
+    """A compiled kernel's function handle belongs to the device it was loaded on."""
+    _direct_launches_on_gpu_only(monkeypatch)
+    k, x = _Kernel(), torch.zeros(64)
+    for device in (0, 1):
+        monkeypatch.setattr(launch_cache, "_device_and_stream", lambda d=device: (d, 0))
+        launch_cache.launch(k, (1,), x, 32, 0.5, BLOCK=64, FLAG=False)
+    assert len(k.slow) == 2 and k.compiled.runs == []
 
-    k, x = _Interpreted(), torch.zeros(64)
+
+def test_the_interpreter_is_called_every_time(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k, x = _Kernel(), torch.zeros(64)
     for _ in range(2):
         launch_cache.launch(k, (1,), x, 32, 0.5, BLOCK=64, FLAG=False)
-    assert len(k.slow) == 2
+    assert len(k.slow) == 2 and k.compiled.runs == []
