@@ -7,11 +7,16 @@ host code on an H200 host against about 1 ms of kernels, so the host sets the pa
 compiled kernel by a cheaper, stricter summary of the arguments and calls its launcher directly:
 
 - tensors: dtype and whether ``data_ptr`` is 16-byte aligned (Triton's pointer specialisation);
-- integers, constexprs and launch options (``num_warps``, ...): their exact values (Triton specialises on
-  ``== 1``, ``% 16 == 0`` and the width; the exact value implies all three);
-- floats and bools: their type; ``None``: itself;
-- TMA descriptors (``TensorDescriptor``): base dtype and alignment, shape, strides, block shape, layout;
-- the kernel, the grid and the current device.
+- integers, floats, bools, strings (constexprs and launch options such as ``num_warps`` included) and tuples of
+  them: their exact values (Triton specialises integers on ``== 1``, ``% 16 == 0`` and the width, and compiles
+  constexprs in; the exact value implies all of it);
+- TMA descriptors (``TensorDescriptor``): base dtype and alignment, shape, strides, block shape, layout, padding;
+- the kernel, the grid (a tuple) and the current device.
+
+Any other argument (a reinterpreted tensor, ...) or a callable grid sends the launch through ``kernel[grid]``. The
+keys hold no tensors. What the direct call skips (Triton's own launch does it): the ``pre_run_hooks`` of the
+kernel, the check that globals it reads are unchanged, and Triton knobs changed after the first launch of a key
+(``runtime.debug``, instrumentation): call :func:`clear` after changing them.
 
 Equal keys therefore mean equal specialisations, and a key seen for the first time goes through
 ``kernel[grid](...)`` (compiling if Triton has no kernel yet), whose result is kept. Under ``TRITON_INTERPRET=1``
@@ -29,20 +34,27 @@ _MAX_ENTRIES = 512  # distinct (kernel, shape) launches kept; a training run see
 _cache: dict = {}
 
 
+class _Uncacheable(Exception):
+    """An argument this module does not summarise: the launch goes through ``kernel[grid]``."""
+
+
 def _arg_key(a):
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)
-    if a is None or type(a) is int:
+    t = type(a)
+    if a is None or t is int or t is str:
         return a
-    if type(a) is bool:  # an i1 argument or a flag, never confused with the int 1
+    if t is bool:  # an i1 argument or a flag, never confused with the int 1
         return (bool, a)
-    if isinstance(a, float):
-        return float
+    if t is float:  # exact: a constexpr float is compiled in (an fp32 argument would need only the type)
+        return (float, a)
+    if t is tuple:
+        return (tuple, tuple(map(_arg_key, a)))
     base = getattr(a, "base", None)
-    if isinstance(base, torch.Tensor):  # a host TMA descriptor
-        return (base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
-                getattr(a, "layout", None), getattr(a, "padding", None))
-    return a  # constexpr values of other types (hashable by Triton's own rules)
+    if isinstance(base, torch.Tensor) and all(hasattr(a, f) for f in ("shape", "strides", "block_shape", "layout")):
+        return ("desc", base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
+                tuple(a.block_shape), a.layout, getattr(a, "padding", None))
+    raise _Uncacheable(t.__name__)  # e.g. a reinterpreted tensor: Triton's own binder decides
 
 
 def _device_and_stream() -> tuple:
@@ -62,15 +74,17 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
     Raises what ``kernel[grid]`` raises on the first launch of a key (compilation errors, ``OutOfResources``).
     """
-    if interpreting():
+    if interpreting() or type(grid) is not tuple:
         kernel[grid](*args, **kwargs)
         return
     device, stream = _device_and_stream()
     try:
         key = (id(kernel), device, grid, tuple(map(_arg_key, args)), tuple((k, _arg_key(v)) for k, v in kwargs.items()))
         entry = _cache.get(key)
-    except TypeError:  # an unhashable argument: Triton's own path decides
+    except (_Uncacheable, TypeError):  # TypeError: an unhashable layout or constexpr
         key, entry = None, None
+    if entry is not None and entry[0] is not kernel:  # the id of a kernel since freed
+        entry = None
     if entry is None:
         compiled = kernel[grid](*args, **kwargs)
         if key is not None and hasattr(compiled, "packed_metadata"):  # a compiled kernel, not a pending one
@@ -78,9 +92,9 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
                 _cache.clear()
             tail = tuple(kernel.arg_names[len(args):])
             if all(nm in kwargs for nm in tail):
-                _cache[key] = (compiled, tail)
+                _cache[key] = (kernel, compiled, tail)
         return
-    compiled, tail = entry
+    _, compiled, tail = entry
     full = args + tuple(kwargs[nm] for nm in tail) if tail else args
     from triton import knobs
 
@@ -91,5 +105,5 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
 
 def clear() -> None:
-    """Forget every kept kernel (tests; after changing Triton knobs that alter compilation)."""
+    """Forget every kept kernel (tests; after changing Triton knobs that alter compilation or launches)."""
     _cache.clear()

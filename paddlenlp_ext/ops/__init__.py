@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any
 
 from .elementwise import fused_rms_norm, fused_rope, fused_swiglu, rms_norm_eager, rope_eager, swiglu_eager
@@ -62,5 +64,18 @@ def set_llm_config(model_or_config: Any, training_args: Any) -> list:
     return configs
 
 
+@contextlib.contextmanager
+def without_fused_keys(config: Any):
+    """Inside the ``with``: ``config`` without the ``use_fused_*`` attributes :func:`set_llm_config` put on it, so
+    that a ``transformers`` ``save_pretrained`` (which writes every attribute to ``config.json``) leaves them out;
+    restored afterwards."""
+    held = {k: config.__dict__.pop(k) for k in FUSED_DEFAULTS if k in getattr(config, "__dict__", {})}
+    try:
+        yield config
+    finally:
+        config.__dict__.update(held)
+
+
 __all__ = ["FUSED_DEFAULTS", "default_chunk_size", "fused_flag", "fused_linear_cross_entropy", "fused_rms_norm",
-           "fused_rope", "fused_swiglu", "rms_norm_eager", "rope_eager", "set_llm_config", "swiglu_eager"]
+           "fused_rope", "fused_swiglu", "rms_norm_eager", "rope_eager", "set_llm_config", "swiglu_eager",
+           "without_fused_keys"]

@@ -25,6 +25,7 @@ import os
 import torch
 from torch import nn
 
+from ..ops import without_fused_keys
 from .hf_attention import FLASHMASK, STARTEND_KEY, register_flashmask_attention
 from .model_utils import atomic_save_dir, to_torch_dtype
 
@@ -201,7 +202,7 @@ class HFCausalLM(nn.Module):
         state_dict = None
         if dtype is not None:
             state_dict = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in self.hf.state_dict().items()}
-        with atomic_save_dir(save_dir) as tmp:
+        with atomic_save_dir(save_dir) as tmp, without_fused_keys(self.hf.config):
             self.hf.save_pretrained(tmp, state_dict=state_dict, **kwargs)
 
 

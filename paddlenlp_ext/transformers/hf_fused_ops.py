@@ -62,27 +62,41 @@ def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
+_FORWARDS = {"use_fused_rms_norm": _rms_norm_forward, "use_fused_swiglu": _swiglu_forward}
+
+
+def _matches(model: nn.Module, rms_norm: bool, swiglu: bool) -> list[tuple[nn.Module, str]]:
+    """``(module, key)`` for every module of ``model`` that the requested keys fuse (see the module docstring).
+    A module whose ``forward`` is already replaced on the instance by another tool is left alone."""
+    norm_src, mlp_src = _reference_sources()
+    sources: dict[type, str | None] = {}
+    out = []
+    for m in model.modules():
+        cls = type(m)
+        if cls not in sources:
+            sources[cls] = _source(cls.forward)
+        src = sources[cls]
+        own = vars(m).get("forward")
+        if src is None or (own is not None and getattr(own, "__func__", None) not in _FORWARDS.values()):
+            continue
+        if rms_norm and src == norm_src and hasattr(m, "variance_epsilon"):
+            out.append((m, "use_fused_rms_norm"))
+        elif (swiglu and src == mlp_src and all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj"))
+              and _is_silu(m.act_fn)):
+            out.append((m, "use_fused_swiglu"))
+    return out
+
+
 def fuse_modules(model: nn.Module, rms_norm: bool, swiglu: bool) -> dict[str, list[str]]:
     """Route the matching RMSNorm / gated-MLP modules of ``model`` (a ``transformers`` model, possibly wrapped) to
     the fused ops, in place; idempotent. Returns ``{"use_fused_rms_norm": [class names], "use_fused_swiglu":
     [...]}``, the classes fused for each requested key (empty: nothing in the model matches)."""
-    norm_src, mlp_src = _reference_sources()
-    done: dict[str, set] = {"use_fused_rms_norm": set(), "use_fused_swiglu": set()}
-    checked: dict[type, str | None] = {}
-    for m in model.modules():
-        cls = type(m)
-        if cls not in checked:
-            checked[cls] = _source(cls.forward)
-        src = checked[cls]
-        if rms_norm and src is not None and src == norm_src and hasattr(m, "variance_epsilon"):
-            m.forward = types.MethodType(_rms_norm_forward, m)
-            done["use_fused_rms_norm"].add(cls.__name__)
-        elif (swiglu and src is not None and src == mlp_src and all(hasattr(m, a) for a in ("gate_proj", "up_proj",
-                                                                                               "down_proj"))
-              and _is_silu(m.act_fn)):
-            m.forward = types.MethodType(_swiglu_forward, m)
-            done["use_fused_swiglu"].add(cls.__name__)
-    return {k: sorted(v) for k, v in done.items() if (rms_norm if k == "use_fused_rms_norm" else swiglu)}
+    done: dict[str, set] = {k: set() for k, on in (("use_fused_rms_norm", rms_norm), ("use_fused_swiglu", swiglu))
+                            if on}
+    for m, key in _matches(model, rms_norm, swiglu):
+        m.forward = types.MethodType(_FORWARDS[key], m)
+        done[key].add(type(m).__name__)
+    return {k: sorted(v) for k, v in done.items()}
 
 
 def apply_fused_op_keys(model: nn.Module, args, model_name_or_path: str) -> dict[str, list[str]]:
@@ -107,11 +121,12 @@ def apply_fused_op_keys(model: nn.Module, args, model_name_or_path: str) -> dict
     want = {k: bool(getattr(args, k, False)) for k in FUSABLE_KEYS}
     if not any(want.values()):
         return {}
-    fused = fuse_modules(model, rms_norm=want["use_fused_rms_norm"], swiglu=want["use_fused_swiglu"])
-    missing = [k for k, classes in fused.items() if not classes]
-    if missing:
+    found = {k for _, k in _matches(model, want["use_fused_rms_norm"], want["use_fused_swiglu"])}
+    missing = [k for k, on in want.items() if on and k not in found]
+    if missing:  # refused before anything is patched
         what = {"use_fused_rms_norm": "an RMSNorm computed as Llama's (weight * normalised x)",
                 "use_fused_swiglu": "an MLP computed as down_proj(silu(gate_proj(x)) * up_proj(x))"}
         raise ValueError(f"{', '.join(missing)}: true needs {'; '.join(what[k] for k in missing)}; "
-                         f"{model_name_or_path} (model_type {mt!r}) has none. Remove the key(s)")
-    return fused
+                         f"{model_name_or_path} (model_type {mt!r}) has none that matches transformers' Llama "
+                         f"code. Remove the key(s)")
+    return fuse_modules(model, rms_norm=want["use_fused_rms_norm"], swiglu=want["use_fused_swiglu"])

@@ -15,6 +15,7 @@ import os
 import torch
 from torch import nn
 
+from paddlenlp_ext.ops import without_fused_keys
 from paddlenlp_ext.transformers.hf_attention import FLASHMASK, STARTEND_KEY, register_flashmask_attention
 from paddlenlp_ext.transformers.hf_causal_lm import check_hf_config, mirror_setattr
 from paddlenlp_ext.transformers.model_utils import atomic_save_dir, to_torch_dtype
@@ -92,7 +93,7 @@ class HFForScore(LlamaForScore):
         if tokenizer is not None and pad is not None and tokenizer.pad_token_id != pad:
             tokenizer = copy.deepcopy(tokenizer)
             tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
-        with atomic_save_dir(save_dir) as tmp:
+        with atomic_save_dir(save_dir) as tmp, without_fused_keys(self.hf.config):
             self.hf.save_pretrained(tmp, state_dict=sd)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)

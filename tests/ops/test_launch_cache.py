@@ -51,20 +51,35 @@ def _direct_launches_on_gpu_only(monkeypatch):
 
 def test_second_launch_calls_the_compiled_kernel_with_constexprs_in_signature_order(monkeypatch):
     _direct_launches_on_gpu_only(monkeypatch)
-    k, x = _Kernel(), torch.zeros(64)
+    k, x, y = _Kernel(), torch.zeros(64), torch.ones(64)
     launch_cache.launch(k, (3,), x, 32, 0.5, FLAG=True, BLOCK=64, num_warps=4)
-    launch_cache.launch(k, (3,), x, 32, 0.25, FLAG=True, BLOCK=64, num_warps=4)
+    launch_cache.launch(k, (3,), y, 32, 0.5, FLAG=True, BLOCK=64, num_warps=4)
     assert len(k.slow) == 1
-    assert k.compiled.runs == [((3, 1, 1), (x, 32, 0.25, 64, True))]
+    assert k.compiled.runs == [((3, 1, 1), (y, 32, 0.5, 64, True))]
 
 
-@pytest.mark.parametrize("change", ["int value", "constexpr", "option", "grid", "dtype", "alignment", "bool for 1"])
+class _Desc:
+    """The fields of a host TMA descriptor that the key reads."""
+
+    def __init__(self, base, block):
+        self.base, self.shape, self.strides, self.block_shape = base, [4, 16], [16, 1], block
+        self.layout, self.padding = ("nvmma", 128), "zero"
+
+
+@pytest.mark.parametrize("change", ["int value", "constexpr", "float constexpr", "option", "grid", "dtype",
+                                    "alignment", "bool for 1", "descriptor block"])
 def test_a_changed_specialisation_goes_through_triton(monkeypatch, change):
     _direct_launches_on_gpu_only(monkeypatch)
     k, x = _Kernel(), torch.zeros(64)
-    args, kw, grid = [x, 32, 0.5], dict(BLOCK=64, FLAG=True, num_warps=4), (3,)
+    args, kw, grid = [x, 32, 0.5], dict(BLOCK=64, FLAG=0.5 if change == "float constexpr" else True, num_warps=4), (3,)
+    if change == "descriptor block":
+        args[0] = _Desc(x, [2, 16])
     launch_cache.launch(k, grid, *args, **kw)
-    if change == "int value":
+    if change == "descriptor block":
+        args[0] = _Desc(torch.ones(64), [4, 16])
+    elif change == "float constexpr":
+        kw["FLAG"] = 0.25  # FLAG = 0.5 first: a value compiled into the kernel
+    elif change == "int value":
         args[1] = 48
     elif change == "constexpr":
         kw["BLOCK"] = 128
@@ -93,6 +108,40 @@ def test_a_missing_constexpr_keyword_is_never_kept(monkeypatch):
     for _ in range(2):
         launch_cache.launch(k, (1,), x, 32, 0.5, BLOCK=64)
     assert len(k.slow) == 2
+
+
+def test_the_same_descriptor_geometry_over_another_tensor_is_kept(monkeypatch):
+    _direct_launches_on_gpu_only(monkeypatch)
+    k = _Kernel()
+    for base in (torch.zeros(64), torch.ones(64)):
+        launch_cache.launch(k, (1,), _Desc(base, [4, 16]), 32, 0.5, BLOCK=64, FLAG=False)
+    assert len(k.slow) == 1 and k.compiled.runs[0][1][0].base[0] == 1
+
+
+def test_unknown_arguments_and_callable_grids_go_through_triton(monkeypatch):
+    """A reinterpreted tensor (a wrapper with a tensor ``base`` and no descriptor fields) and a grid function are
+    left to Triton's binder, every time; nothing of theirs is kept."""
+    _direct_launches_on_gpu_only(monkeypatch)
+
+    class _Reinterpreted:
+        def __init__(self, base):
+            self.base, self.dtype = base, "fp8e4nv"
+
+    k, x = _Kernel(), torch.zeros(64)
+    for _ in range(2):
+        launch_cache.launch(k, (1,), _Reinterpreted(x), 32, 0.5, BLOCK=64, FLAG=False)
+        launch_cache.launch(k, lambda meta: (1,), x, 32, 0.5, BLOCK=64, FLAG=False)
+    assert len(k.slow) == 4 and k.compiled.runs == [] and not launch_cache._cache
+
+
+def test_a_new_kernel_at_a_freed_kernels_id_goes_through_triton(monkeypatch):
+    _direct_launches_on_gpu_only(monkeypatch)
+    old, new, x = _Kernel(), _Kernel(), torch.zeros(64)
+    launch_cache.launch(old, (1,), x, 32, 0.5, BLOCK=64, FLAG=False)
+    monkeypatch.setattr(launch_cache, "id", lambda obj: 7, raising=False)  # both kernels at one address
+    launch_cache._cache = {(7,) + key[1:]: entry for key, entry in launch_cache._cache.items()}
+    launch_cache.launch(new, (1,), x, 32, 0.5, BLOCK=64, FLAG=False)
+    assert len(new.slow) == 1 and old.compiled.runs == []
 
 
 def test_another_device_goes_through_triton(monkeypatch):

@@ -73,7 +73,7 @@ def _args(**keys):
 def test_a_family_without_the_op_is_refused_by_name():
     model = HFCausalLM(tiny_model("gemma3_text"))
     with pytest.raises(ValueError, match=r"use_fused_rms_norm: true needs an RMSNorm computed as Llama's .*"
-                                         r"/models/gemma \(model_type 'gemma3_text'\) has none"):
+                                         r"/models/gemma \(model_type 'gemma3_text'\) has none that matches"):
         apply_fused_op_keys(model, _args(use_fused_rms_norm=True), "/models/gemma")
     with pytest.raises(ValueError, match=r"use_fused_rope: true acts on the native Llama"):
         apply_fused_op_keys(HFCausalLM(tiny_model("qwen2")), _args(use_fused_rope=True), "/models/qwen2")
@@ -86,3 +86,38 @@ def test_native_models_are_left_to_their_config():
                                          num_attention_heads=2, num_key_value_heads=1))
     assert apply_fused_op_keys(model, _args(use_fused_rms_norm=True, use_fused_rope=True), "tiny") == {}
     assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_a_refusal_patches_nothing():
+    """Phi-3 has Llama's RMSNorm but a fused gate_up_proj MLP: asking for both keys refuses before any norm is
+    patched."""
+    model = HFCausalLM(tiny_model("phi3"))
+    with pytest.raises(ValueError, match=r"use_fused_swiglu: true needs an MLP"):
+        apply_fused_op_keys(model, _args(use_fused_rms_norm=True, use_fused_swiglu=True), "/models/phi3")
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_a_forward_replaced_by_another_tool_is_left_alone():
+    model = tiny_model("llama")
+    norm = model.model.norm
+    norm.forward = lambda x: x  # e.g. an accelerate hook or another kernel library
+    got = fuse_modules(model, rms_norm=True, swiglu=False)
+    assert got == {"use_fused_rms_norm": ["LlamaRMSNorm"]} and norm.forward(3) == 3
+    assert fuse_modules(model, rms_norm=True, swiglu=False) == got  # our own patch is recognised: idempotent
+
+
+def test_saved_config_json_has_no_training_keys(tmp_path):
+    """set_llm_config puts the use_fused_* keys on the transformers config (the model reads them); the exported
+    config.json leaves them out, and the live config keeps them."""
+    import json
+
+    from paddlenlp_ext.ops import set_llm_config
+
+    model = HFCausalLM(tiny_model("qwen2"))
+    args = _args(use_fused_rms_norm=True, use_fused_swiglu=True, use_fused_linear_cross_entropy=True)
+    apply_fused_op_keys(model, args, "/models/qwen2")
+    set_llm_config(model, args)
+    model.save_pretrained(str(tmp_path / "out"))
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert not [k for k in saved if k.startswith("use_fused_")]
+    assert model.hf.config.use_fused_rms_norm is True
