@@ -71,3 +71,18 @@ def smollm2():
     path = resolve_model_name_or_path(name)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
     return path, model, AutoTokenizer.from_pretrained(name)
+
+
+@pytest.fixture
+def compile_on_cpu():
+    """The fused elementwise ops compiled on the CPU too (Inductor, as CUDA runs them), with fresh Dynamo and op
+    caches around the test; yields ``paddlenlp_ext.ops.elementwise``."""
+    from paddlenlp_ext.ops import elementwise
+
+    torch._dynamo.reset()
+    elementwise._compiled.clear()
+    elementwise.COMPILE_ON_CPU = True
+    yield elementwise
+    elementwise.COMPILE_ON_CPU = False
+    elementwise._compiled.clear()
+    torch._dynamo.reset()

@@ -133,19 +133,6 @@ def test_default_chunk_size_bounds_fp32_logits_to_1gib():
     assert default_chunk_size(10 ** 12) == 1
 
 
-@pytest.fixture
-def compile_on_cpu():
-    from paddlenlp_ext.ops import elementwise
-
-    torch._dynamo.reset()
-    elementwise._compiled.clear()
-    elementwise.COMPILE_ON_CPU = True
-    yield elementwise
-    elementwise.COMPILE_ON_CPU = False
-    elementwise._compiled.clear()
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("amp", [False, True])
 def test_compiled_chunk_kernel_matches_eager(compile_on_cpu, amp):
     """The per-chunk loss/softmax-grad function as CUDA runs it (compiled; Inductor on CPU here) against the

@@ -128,17 +128,6 @@ def test_fused_elementwise_flags_eager_fallback_is_bitwise_on_cpu():
     assert all(torch.equal(g_got[k], g_ref[k]) for k in g_ref)
 
 
-@pytest.fixture
-def compile_on_cpu():
-    torch._dynamo.reset()
-    elementwise._compiled.clear()
-    elementwise.COMPILE_ON_CPU = True
-    yield
-    elementwise.COMPILE_ON_CPU = False
-    elementwise._compiled.clear()
-    torch._dynamo.reset()
-
-
 def _run(fn, *xs):
     xs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
     out = fn(*xs)

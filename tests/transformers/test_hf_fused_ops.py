@@ -33,17 +33,6 @@ def test_each_family_fuses_the_modules_that_compute_the_op(family):
         type(m).__name__ in EXPECTED[family][1] for m in model.modules())
 
 
-@pytest.fixture
-def compile_on_cpu():
-    torch._dynamo.reset()
-    elementwise._compiled.clear()
-    elementwise.COMPILE_ON_CPU = True
-    yield
-    elementwise.COMPILE_ON_CPU = False
-    elementwise._compiled.clear()
-    torch._dynamo.reset()
-
-
 def _logits_and_grads(model, ids):
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=ids).logits
