@@ -61,6 +61,7 @@ import platform
 import sys
 import time
 import traceback
+from unittest import mock
 
 import numpy as np
 import torch
@@ -353,11 +354,10 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
         sp = parse_setup(sp, args.loss, args.fused, args.amp)
     _free(device)
     attn = BACKENDS.get(sp["base"])
-    saved_env = {k: os.environ.get(k) for k in ("FLASHMASK_FWD", "FLASHMASK_BWD")}
-    if sp.get("kernels") == "triton":  # FlashMask's Triton kernels where the Gluon ones would run (read per call)
-        os.environ["FLASHMASK_FWD"] = os.environ["FLASHMASK_BWD"] = "triton"
+    # kernels=triton: FlashMask's Triton kernels where the Gluon ones would run (the switches are read per call)
+    env = dict.fromkeys(("FLASHMASK_FWD", "FLASHMASK_BWD"), "triton") if sp.get("kernels") == "triton" else {}
     try:
-        with e2e_models.patched_attention(attn):
+        with e2e_models.patched_attention(attn), mock.patch.dict(os.environ, env):
             batches, model, step = prepare(sp, args, info, packs, device, recompute, warmup + steps)
             n_mm, n_train = e2e_models.matmul_params(model)
             if device.type == "cuda":
@@ -396,11 +396,6 @@ def run_setup(sp, args, info: dict, packs: list[dict], device, recompute: bool, 
         return res
     finally:
         _dense_cache[0] = _dense_cache[1] = None
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def guarded(setup, fn, device) -> dict:

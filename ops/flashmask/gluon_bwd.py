@@ -35,8 +35,6 @@ so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kerne
 
 from __future__ import annotations
 
-import functools
-
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -333,10 +331,9 @@ def flashmask_bwd_gluon_kernel(
     ], [4, 4], [240, 24])
 
 
-@functools.lru_cache(maxsize=None)
 def _nvmma_layout(block: tuple, dtype):
-    """The default NVMMA shared layout of a ``block`` box of torch ``dtype`` (cached: building it is a third of
-    a descriptor's host cost, and a launch builds nine)."""
+    """The default NVMMA shared layout of a ``block`` box of torch ``dtype`` (built once per descriptor geometry:
+    :func:`tensor_desc` keeps the fields)."""
     import torch
 
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import contextlib
-
 from typing import Any
 
 from .elementwise import fused_rms_norm, fused_rope, fused_swiglu, rms_norm_eager, rope_eager, swiglu_eager
