@@ -8,7 +8,7 @@ loss (fused linear cross entropy over the supervised rows of the final hidden st
 | setup | model | batches | attention |
 |---|---|---|---|
 | ``ours`` | transformers Qwen2 (``HFCausalLM``) | packs + ``attn_mask_startend_row_indices`` | ``FlashMask`` backend |
-| ``ours_fused`` | ``ours`` + ``use_fused_rms_norm`` / ``use_fused_swiglu`` (``hf_fused_ops``) | the same | ``FlashMask`` backend |
+| ``ours_fused`` | ``ours`` + ``use_fused_rms_norm`` / ``use_fused_rope`` / ``use_fused_swiglu`` (``hf_fused_ops``) | the same | ``FlashMask`` backend |
 | ``hf_sdpa_padded`` | transformers Qwen2 | ``--batch_size`` examples padded to the longest | ``sdpa`` |
 | ``hf_flex_packed`` | transformers Qwen2 | the same packs, ``position_ids`` restarting per example | ``flex_attention`` |
 | ``hf_sdpa_packed`` | transformers Qwen2 | the same packs via ``position_ids`` | ``sdpa`` (dense packed mask) |
@@ -82,7 +82,7 @@ def build(setup: str, shape: dict, family: str, device):
     if setup == "ours_fused":
         from paddlenlp_ext.transformers.hf_fused_ops import fuse_modules
 
-        fuse_modules(hf, rms_norm=True, swiglu=True)
+        fuse_modules(hf, rms_norm=True, swiglu=True, rope=True)
     return HFCausalLM(hf).train() if impl == FLASHMASK else hf.train()
 
 

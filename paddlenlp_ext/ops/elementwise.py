@@ -54,6 +54,14 @@ def rope_eager(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return rot(q), rot(k)
 
 
+def rope_hf_eager(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
+    """``transformers``' ``apply_rotary_pos_emb`` (``x * cos + rotate_half(x) * sin``, in the promoted dtype of x
+    and cos, as transformers computes it) on sequence-major ``q [B, L, H, D]`` and ``k [B, L, H_k, D]`` with
+    ``cos, sin [B, L, D]``, then cast to ``dtype``."""
+    c, s = cos[:, :, None], sin[:, :, None]
+    return (q * c + _rotate_half(q) * s).to(dtype), (k * c + _rotate_half(k) * s).to(dtype)
+
+
 def swiglu_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` (Shazeer, arXiv 2002.05202), any equal shapes, in the input dtype."""
     return F.silu(gate) * up
@@ -107,6 +115,11 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """:func:`rope_eager` on q and k in one compiled region on CUDA. Returns ``(q_rot, k_rot)``."""
     return _dispatch(rope_eager, q, k, cos, sin, tensors=4)
+
+
+def fused_rope_hf(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
+    """:func:`rope_hf_eager` on q and k in one compiled region on CUDA. Returns ``(q_rot, k_rot)`` in ``dtype``."""
+    return _dispatch(rope_hf_eager, q, k, cos, sin, dtype, tensors=4)
 
 
 def fused_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""PaddleNLP's ``use_fused_rms_norm`` and ``use_fused_swiglu`` on a ``transformers`` model.
+"""PaddleNLP's ``use_fused_rms_norm``, ``use_fused_rope`` and ``use_fused_swiglu`` on a ``transformers`` model.
 
 The family's own RMSNorm and gated-MLP modules keep their weights and names; their ``forward`` becomes the compiled
 op of :mod:`paddlenlp_ext.ops.elementwise` (one Triton kernel on CUDA, the eager math elsewhere, under tensor
@@ -12,9 +12,12 @@ list of families:
 - SwiGLU: the class's ``forward`` has the source of ``LlamaMLP.forward``
   (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) and ``act_fn`` computes SiLU (checked on a probe tensor):
   Gemma's GELU MLP and Phi-3's fused ``gate_up_proj`` are left alone.
-
-``use_fused_rope`` stays with the native models: ``transformers`` applies RoPE through a module-level function of
-each modeling file, which cannot be replaced for one model only.
+- RoPE: the attention class's ``forward`` calls its modeling file's ``apply_rotary_pos_emb``, and that function and
+  its ``rotate_half`` have the bytecode of ``transformers``' Llama ones (Llama, Mistral, Mixtral, Qwen2 / 3 and their
+  MoE variants, Gemma 1-3, ...); Phi-3's partial rotary is left alone. The module-level function is not replaced:
+  the instance gets the class's own ``forward`` code bound to a copy of the modeling file's globals in which
+  ``apply_rotary_pos_emb`` is :func:`hf_apply_rotary_pos_emb` (decorators such as ``deprecate_kwarg`` are
+  rebuilt around it), so other models in the process keep transformers' function.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import fused_rms_norm, fused_swiglu
+from ..ops.elementwise import fused_rope_hf
 
-NATIVE_ONLY_KEYS = ("use_fused_rope",)
-FUSABLE_KEYS = ("use_fused_rms_norm", "use_fused_swiglu")
+FUSABLE_KEYS = ("use_fused_rms_norm", "use_fused_rope", "use_fused_swiglu")
 
 
 def _source(fn) -> str | None:
@@ -65,7 +68,93 @@ def _swiglu_forward(self, x: torch.Tensor) -> torch.Tensor:
 _FORWARDS = {"use_fused_rms_norm": _rms_norm_forward, "use_fused_swiglu": _swiglu_forward}
 
 
-def _matches(model: nn.Module, rms_norm: bool, swiglu: bool) -> list[tuple[nn.Module, str]]:
+def hf_apply_rotary_pos_emb(original):
+    """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` of ``transformers`` (q ``[B, H, L, D]``, k
+    ``[B, H_k, L, D]``, cos / sin ``[B, L, D]``) computed by :func:`~paddlenlp_ext.ops.elementwise.fused_rope_hf`:
+    one compiled kernel on CUDA, writing q and k sequence-major (``[B, L, H, D]`` memory, returned as the usual
+    ``[B, H, L, D]`` views), the layout the FlashMask backend reads without a copy. Under autocast the results are
+    in the autocast dtype: every attention path casts q and k to it (SDPA and matmuls by autocast, the FlashMask
+    backend itself), so the one rounding moves here and q / k are written in half the bytes. Other shapes or
+    ``unsqueeze_dim`` values go to ``original``."""
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if (unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or q.dtype != k.dtype
+                or not q.shape[-1] == k.shape[-1] == cos.shape[-1]):
+            return original(q, k, cos, sin, unsqueeze_dim)
+        dev = q.device.type
+        dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+                 else torch.promote_types(q.dtype, cos.dtype))
+        q_rot, k_rot = fused_rope_hf(q.transpose(1, 2), k.transpose(1, 2), cos, sin, dtype)
+        return q_rot.transpose(1, 2), k_rot.transpose(1, 2)
+    return apply_rotary_pos_emb
+
+
+def _code_key(fn) -> tuple | None:
+    """What a function computes, without its file, line numbers or docstring."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    consts = tuple(c for c in code.co_consts if not (isinstance(c, str) and c == fn.__doc__))
+    return code.co_code, consts, code.co_names, code.co_varnames, code.co_argcount, fn.__defaults__
+
+
+def _innermost(fn):
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _with_globals(fn, overrides: dict):
+    """A copy of ``fn`` whose code sees ``overrides`` in its module globals, rebuilt through ``functools.wraps``
+    decorators (each wrapper holds the next function in a closure cell); None when a wrapper does not."""
+    inner = getattr(fn, "__wrapped__", None)
+    if not isinstance(fn, types.FunctionType):
+        return None
+    if inner is None:
+        new = types.FunctionType(fn.__code__, {**fn.__globals__, **overrides}, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    else:
+        cells = fn.__closure__ or ()
+        held = [i for i, c in enumerate(cells) if _cell_contents(c) is inner]
+        new_inner = _with_globals(inner, overrides) if len(held) == 1 else None
+        if new_inner is None:
+            return None
+        closure = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    new.__kwdefaults__, new.__qualname__, new.__doc__ = fn.__kwdefaults__, fn.__qualname__, fn.__doc__
+    new.__dict__.update(fn.__dict__)
+    if inner is not None:
+        new.__wrapped__ = new_inner
+    return new
+
+
+_ROPE_FORWARDS: dict[type, object] = {}  # attention class -> its forward with the fused RoPE (None: not fusable)
+
+
+def _rope_forward(cls):
+    """The ``forward`` of attention class ``cls`` with :func:`hf_apply_rotary_pos_emb`, or None when ``cls`` does
+    not apply transformers' Llama RoPE function."""
+    if cls not in _ROPE_FORWARDS:
+        from transformers.models.llama import modeling_llama as llama
+
+        fn, new = getattr(cls, "forward", None), None
+        g = getattr(_innermost(fn), "__globals__", {}) if fn is not None else {}
+        if ("apply_rotary_pos_emb" in getattr(getattr(_innermost(fn), "__code__", None), "co_names", ())
+                and _code_key(g.get("apply_rotary_pos_emb", None)) == _code_key(llama.apply_rotary_pos_emb)
+                and _code_key(g.get("rotate_half", None)) == _code_key(llama.rotate_half)):
+            new = _with_globals(fn, {"apply_rotary_pos_emb": hf_apply_rotary_pos_emb(g["apply_rotary_pos_emb"])})
+        _ROPE_FORWARDS[cls] = new
+    return _ROPE_FORWARDS[cls]
+
+
+def _matches(model: nn.Module, rms_norm: bool, swiglu: bool, rope: bool = False) -> list[tuple[nn.Module, str]]:
     """``(module, key)`` for every module of ``model`` that the requested keys fuse (see the module docstring).
     A module whose ``forward`` is already replaced on the instance by another tool is left alone."""
     norm_src, mlp_src = _reference_sources()
@@ -77,7 +166,14 @@ def _matches(model: nn.Module, rms_norm: bool, swiglu: bool) -> list[tuple[nn.Mo
             sources[cls] = _source(cls.forward)
         src = sources[cls]
         own = vars(m).get("forward")
-        if src is None or (own is not None and getattr(own, "__func__", None) not in _FORWARDS.values()):
+        ours = getattr(own, "__func__", None)
+        if own is not None and (ours is None or (ours not in _FORWARDS.values()
+                                                 and ours not in _ROPE_FORWARDS.values())):
+            continue
+        if rope and _rope_forward(cls) is not None:
+            out.append((m, "use_fused_rope"))
+            continue
+        if src is None:
             continue
         if rms_norm and src == norm_src and hasattr(m, "variance_epsilon"):
             out.append((m, "use_fused_rms_norm"))
@@ -87,14 +183,16 @@ def _matches(model: nn.Module, rms_norm: bool, swiglu: bool) -> list[tuple[nn.Mo
     return out
 
 
-def fuse_modules(model: nn.Module, rms_norm: bool, swiglu: bool) -> dict[str, list[str]]:
-    """Route the matching RMSNorm / gated-MLP modules of ``model`` (a ``transformers`` model, possibly wrapped) to
-    the fused ops, in place; idempotent. Returns ``{"use_fused_rms_norm": [class names], "use_fused_swiglu":
-    [...]}``, the classes fused for each requested key (empty: nothing in the model matches)."""
-    done: dict[str, set] = {k: set() for k, on in (("use_fused_rms_norm", rms_norm), ("use_fused_swiglu", swiglu))
-                            if on}
-    for m, key in _matches(model, rms_norm, swiglu):
-        m.forward = types.MethodType(_FORWARDS[key], m)
+def fuse_modules(model: nn.Module, rms_norm: bool, swiglu: bool, rope: bool = False) -> dict[str, list[str]]:
+    """Route the matching RMSNorm / gated-MLP / attention modules of ``model`` (a ``transformers`` model, possibly
+    wrapped) to the fused ops, in place; idempotent. Returns ``{"use_fused_rms_norm": [class names],
+    "use_fused_rope": [...], "use_fused_swiglu": [...]}`` for the requested keys, the classes fused for each (empty:
+    nothing in the model matches)."""
+    on = {"use_fused_rms_norm": rms_norm, "use_fused_rope": rope, "use_fused_swiglu": swiglu}
+    done: dict[str, set] = {k: set() for k, want in on.items() if want}
+    for m, key in _matches(model, rms_norm, swiglu, rope):
+        fwd = _rope_forward(type(m)) if key == "use_fused_rope" else _FORWARDS[key]
+        m.forward = types.MethodType(fwd, m)
         done[key].add(type(m).__name__)
     return {k: sorted(v) for k, v in done.items()}
 
@@ -105,28 +203,27 @@ def apply_fused_op_keys(model: nn.Module, args, model_name_or_path: str) -> dict
     :func:`fuse_modules` can, refuse the rest.
 
     Raises:
-        ValueError: ``use_fused_rope: true`` (native models only), or a key whose modules this family computes
-            differently (e.g. Gemma's RMSNorm), naming the key, the model_type and the way out.
+        ValueError: a key whose modules this family computes differently (e.g. Gemma's RMSNorm, Phi-3's partial
+            RoPE), naming the key, the model_type and the way out.
     """
     from .hf_causal_lm import is_hf_model
 
     if not is_hf_model(model):
         return {}
     mt = getattr(model.config, "model_type", "?")
-    on = [k for k in NATIVE_ONLY_KEYS if getattr(args, k, False)]
-    if on:
-        raise ValueError(f"{', '.join(on)}: true acts on the native Llama / ERNIE-3.5-SE models only; "
-                         f"{model_name_or_path} (model_type {mt!r}) runs transformers' implementation. Remove the "
-                         f"key(s), or for a Llama set model_implementation: native")
     want = {k: bool(getattr(args, k, False)) for k in FUSABLE_KEYS}
     if not any(want.values()):
         return {}
-    found = {k for _, k in _matches(model, want["use_fused_rms_norm"], want["use_fused_swiglu"])}
+    found = {k for _, k in _matches(model, want["use_fused_rms_norm"], want["use_fused_swiglu"],
+                                    want["use_fused_rope"])}
     missing = [k for k, on in want.items() if on and k not in found]
     if missing:  # refused before anything is patched
         what = {"use_fused_rms_norm": "an RMSNorm computed as Llama's (weight * normalised x)",
-                "use_fused_swiglu": "an MLP computed as down_proj(silu(gate_proj(x)) * up_proj(x))"}
+                "use_fused_swiglu": "an MLP computed as down_proj(silu(gate_proj(x)) * up_proj(x))",
+                "use_fused_rope": "attention that applies RoPE by transformers' Llama apply_rotary_pos_emb "
+                                  "(rotate_half over the whole head dim)"}
         raise ValueError(f"{', '.join(missing)}: true needs {'; '.join(what[k] for k in missing)}; "
                          f"{model_name_or_path} (model_type {mt!r}) has none that matches transformers' Llama "
                          f"code. Remove the key(s)")
-    return fuse_modules(model, rms_norm=want["use_fused_rms_norm"], swiglu=want["use_fused_swiglu"])
+    return fuse_modules(model, rms_norm=want["use_fused_rms_norm"], swiglu=want["use_fused_swiglu"],
+                        rope=want["use_fused_rope"])

@@ -100,21 +100,23 @@ def test_recompute_keeps_the_loss(tmp_path, make_tiny_sft_job):
     assert rec["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-5)
 
 
-def test_fused_rms_norm_and_swiglu_keys_train_a_transformers_model(tmp_path, make_tiny_sft_job):
-    """use_fused_rms_norm / use_fused_swiglu route Qwen2's norms and MLPs to the fused ops (on the CPU their eager
-    math, which is transformers' own): the same losses as the run without them."""
+def test_fused_op_keys_train_a_transformers_model(tmp_path, make_tiny_sft_job):
+    """use_fused_rms_norm / use_fused_rope / use_fused_swiglu route Qwen2's norms, RoPE and MLPs to the fused ops
+    (on the CPU their eager math, which is transformers' own): the same losses as the run without them."""
     root = _job(tmp_path, make_tiny_sft_job, "qwen2")
     mod = load_run_finetune()
     s = dict(_SETTINGS, chat_after_train=False, max_steps=2)
     plain = mod.main(write_sft_config(root, tmp_path / "plain", s))
-    fused = mod.main(write_sft_config(root, tmp_path / "fused", s, use_fused_rms_norm=True, use_fused_swiglu=True))
+    fused = mod.main(write_sft_config(root, tmp_path / "fused", s, use_fused_rms_norm=True, use_fused_rope=True,
+                                               use_fused_swiglu=True))
     assert fused["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-6)
     assert fused["dev_loss_after"] == pytest.approx(plain["dev_loss_after"], rel=1e-6)
 
 
-def test_native_only_key_is_refused(tmp_path, make_tiny_sft_job):
-    root = _job(tmp_path, make_tiny_sft_job, "qwen2")
-    with pytest.raises(ValueError, match=r"use_fused_rope: true acts on the native .*model_type 'qwen2'"):
+def test_fused_rope_on_a_partial_rotary_family_is_refused(tmp_path, make_tiny_sft_job):
+    root = _job(tmp_path, make_tiny_sft_job, "phi3")
+    with pytest.raises(ValueError, match=r"use_fused_rope: true needs attention that applies RoPE by transformers' "
+                                         r"Llama apply_rotary_pos_emb .*model_type 'phi3'"):
         load_run_finetune().main(write_sft_config(root, tmp_path / "o", _SETTINGS, use_fused_rope=True))
 
 
