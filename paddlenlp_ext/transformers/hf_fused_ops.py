@@ -12,17 +12,20 @@ list of families:
 - SwiGLU: the class's ``forward`` has the source of ``LlamaMLP.forward``
   (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) and ``act_fn`` computes SiLU (checked on a probe tensor):
   Gemma's GELU MLP and Phi-3's fused ``gate_up_proj`` are left alone.
-- RoPE: the attention class's ``forward`` calls its modeling file's ``apply_rotary_pos_emb``, and that function and
-  its ``rotate_half`` have the bytecode of ``transformers``' Llama ones (Llama, Mistral, Mixtral, Qwen2 / 3 and their
-  MoE variants, Gemma 1-3, ...); Phi-3's partial rotary is left alone. The module-level function is not replaced:
-  the instance gets the class's own ``forward`` code bound to a copy of the modeling file's globals in which
-  ``apply_rotary_pos_emb`` is :func:`hf_apply_rotary_pos_emb` (decorators such as ``deprecate_kwarg`` are
-  rebuilt around it), so other models in the process keep transformers' function.
+- RoPE: the attention class's ``forward`` calls the global ``apply_rotary_pos_emb``, and that function and the
+  ``rotate_half`` it calls have the bytecode of ``transformers``' Llama ones (Llama, Mistral, Mixtral, Qwen2 / 3 and
+  their MoE variants, Gemma 1-3, ...); Phi-3's own function (written for a partial rotary part) is left alone. The
+  module-level function is not replaced: the instance gets a copy of the class's ``forward`` whose code reads that
+  name from a global of its own (``FUSED_ROPE_GLOBAL``, added to the modeling file's namespace and holding
+  :func:`hf_apply_rotary_pos_emb`; every other global is the modeling file's, live). Decorators such as
+  ``deprecate_kwarg`` are rebuilt around it. Other models in the process keep transformers' function.
 """
 
 from __future__ import annotations
 
+import dis
 import inspect
+import logging
 import types
 
 import torch
@@ -31,6 +34,8 @@ from torch import nn
 
 from ..ops import fused_rms_norm, fused_swiglu
 from ..ops.elementwise import fused_rope_hf
+
+logger = logging.getLogger(__name__)
 
 FUSABLE_KEYS = ("use_fused_rms_norm", "use_fused_rope", "use_fused_swiglu")
 
@@ -73,9 +78,11 @@ def hf_apply_rotary_pos_emb(original):
     ``[B, H_k, L, D]``, cos / sin ``[B, L, D]``) computed by :func:`~paddlenlp_ext.ops.elementwise.fused_rope_hf`:
     one compiled kernel on CUDA, writing q and k sequence-major (``[B, L, H, D]`` memory, returned as the usual
     ``[B, H, L, D]`` views), the layout the FlashMask backend reads without a copy. Under autocast the results are
-    in the autocast dtype: every attention path casts q and k to it (SDPA and matmuls by autocast, the FlashMask
-    backend itself), so the one rounding moves here and q / k are written in half the bytes. Other shapes or
-    ``unsqueeze_dim`` values go to ``original``."""
+    in the autocast dtype: every attention path's forward casts q and k to it (SDPA and matmuls by autocast, the
+    FlashMask backend itself), so the one rounding moves here and q / k are written in half the bytes. Two
+    consequences off the FlashMask path: paths that expand k for GQA (``repeat_kv``: eager, SDPA with a mask) sum
+    a group's k gradients in the autocast dtype, and a KV cache filled under autocast holds keys in it. Other shapes
+    or ``unsqueeze_dim`` values go to ``original``."""
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if (unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or q.dtype != k.dtype
                 or not q.shape[-1] == k.shape[-1] == cos.shape[-1]):
@@ -111,19 +118,25 @@ def _cell_contents(cell):
         return None
 
 
-def _with_globals(fn, overrides: dict):
-    """A copy of ``fn`` whose code sees ``overrides`` in its module globals, rebuilt through ``functools.wraps``
-    decorators (each wrapper holds the next function in a closure cell); None when a wrapper does not."""
+FUSED_ROPE_GLOBAL = "_paddlenlp_ext_fused_apply_rotary_pos_emb"
+
+
+def _with_global_renamed(fn, name: str, new_name: str):
+    """A copy of ``fn`` whose code reads global ``new_name`` where it read global ``name`` (its other globals are
+    its module's, live), rebuilt through ``functools.wraps`` decorators (each wrapper holds the next function in a
+    closure cell); None when a wrapper does not, or when ``fn`` uses ``name`` other than as a global."""
     inner = getattr(fn, "__wrapped__", None)
     if not isinstance(fn, types.FunctionType):
         return None
     if inner is None:
-        new = types.FunctionType(fn.__code__, {**fn.__globals__, **overrides}, fn.__name__, fn.__defaults__,
-                                 fn.__closure__)
+        if any(ins.argval == name and ins.opname != "LOAD_GLOBAL" for ins in dis.get_instructions(fn)):
+            return None  # an attribute or local of that name shares co_names: renaming it would break the code
+        code = fn.__code__.replace(co_names=tuple(new_name if n == name else n for n in fn.__code__.co_names))
+        new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     else:
         cells = fn.__closure__ or ()
         held = [i for i, c in enumerate(cells) if _cell_contents(c) is inner]
-        new_inner = _with_globals(inner, overrides) if len(held) == 1 else None
+        new_inner = _with_global_renamed(inner, name, new_name) if len(held) == 1 else None
         if new_inner is None:
             return None
         closure = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
@@ -146,10 +159,14 @@ def _rope_forward(cls):
 
         fn, new = getattr(cls, "forward", None), None
         g = getattr(_innermost(fn), "__globals__", {}) if fn is not None else {}
+        rope = g.get("apply_rotary_pos_emb")
+        rope_globals = getattr(inspect.unwrap(rope), "__globals__", {}) if rope is not None else {}
         if ("apply_rotary_pos_emb" in getattr(getattr(_innermost(fn), "__code__", None), "co_names", ())
-                and _code_key(g.get("apply_rotary_pos_emb", None)) == _code_key(llama.apply_rotary_pos_emb)
-                and _code_key(g.get("rotate_half", None)) == _code_key(llama.rotate_half)):
-            new = _with_globals(fn, {"apply_rotary_pos_emb": hf_apply_rotary_pos_emb(g["apply_rotary_pos_emb"])})
+                and _code_key(rope) == _code_key(llama.apply_rotary_pos_emb)
+                and _code_key(rope_globals.get("rotate_half")) == _code_key(llama.rotate_half)):
+            new = _with_global_renamed(fn, "apply_rotary_pos_emb", FUSED_ROPE_GLOBAL)
+            if new is not None and not isinstance(g.get(FUSED_ROPE_GLOBAL), types.FunctionType):
+                g[FUSED_ROPE_GLOBAL] = hf_apply_rotary_pos_emb(rope)
         _ROPE_FORWARDS[cls] = new
     return _ROPE_FORWARDS[cls]
 
@@ -220,10 +237,12 @@ def apply_fused_op_keys(model: nn.Module, args, model_name_or_path: str) -> dict
     if missing:  # refused before anything is patched
         what = {"use_fused_rms_norm": "an RMSNorm computed as Llama's (weight * normalised x)",
                 "use_fused_swiglu": "an MLP computed as down_proj(silu(gate_proj(x)) * up_proj(x))",
-                "use_fused_rope": "attention that applies RoPE by transformers' Llama apply_rotary_pos_emb "
-                                  "(rotate_half over the whole head dim)"}
+                "use_fused_rope": "attention that applies RoPE by transformers' Llama apply_rotary_pos_emb"}
         raise ValueError(f"{', '.join(missing)}: true needs {'; '.join(what[k] for k in missing)}; "
                          f"{model_name_or_path} (model_type {mt!r}) has none that matches transformers' Llama "
                          f"code. Remove the key(s)")
-    return fuse_modules(model, rms_norm=want["use_fused_rms_norm"], swiglu=want["use_fused_swiglu"],
+    done = fuse_modules(model, rms_norm=want["use_fused_rms_norm"], swiglu=want["use_fused_swiglu"],
                         rope=want["use_fused_rope"])
+    for key, classes in done.items():
+        logger.info("%s: %s (model_type %r) routed to the fused op", key, ", ".join(classes), mt)
+    return done

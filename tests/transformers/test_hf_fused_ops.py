@@ -12,13 +12,14 @@ from paddlenlp_ext.transformers.hf_fused_ops import apply_fused_op_keys, fuse_mo
 from tests._hf_tiny import tiny_model
 
 pytest.importorskip("transformers")
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402  (_RemoteCodeAttention's)
 
 EXPECTED = {  # family -> (RMSNorm, MLP, attention classes) computed as the fused ops compute them
     "llama": (["LlamaRMSNorm"], ["LlamaMLP"], ["LlamaAttention"]),
     "qwen2": (["Qwen2RMSNorm"], ["Qwen2MLP"], ["Qwen2Attention"]),
     "qwen3": (["Qwen3RMSNorm"], ["Qwen3MLP"], ["Qwen3Attention"]),  # the q / k norms too
     "mistral": (["MistralRMSNorm"], ["MistralMLP"], ["MistralAttention"]),
-    "phi3": (["Phi3RMSNorm"], [], []),  # one gate_up_proj, partial rotary
+    "phi3": (["Phi3RMSNorm"], [], []),  # one gate_up_proj, its own RoPE function (a partial rotary part)
     "gemma3_text": ([], [], ["Gemma3Attention"]),  # (1 + weight) norms, GELU MLPs, Llama's RoPE
 }
 
@@ -65,7 +66,7 @@ def test_a_family_without_the_op_is_refused_by_name():
                                          r"/models/gemma \(model_type 'gemma3_text'\) has none that matches"):
         apply_fused_op_keys(model, _args(use_fused_rms_norm=True), "/models/gemma")
     with pytest.raises(ValueError, match=r"use_fused_rope: true needs attention that applies RoPE by transformers' "
-                                         r"Llama apply_rotary_pos_emb .*\(model_type 'phi3'\)"):
+                                         r"Llama apply_rotary_pos_emb; .*\(model_type 'phi3'\)"):
         apply_fused_op_keys(HFCausalLM(tiny_model("phi3")), _args(use_fused_rope=True), "/models/phi3")
 
 
@@ -91,6 +92,22 @@ def test_fused_rope_writes_sequence_major_q_k_in_the_autocast_dtype():
         for r, g in zip(ref, got):
             assert g.dtype == (torch.bfloat16 if autocast else torch.float32)
             assert torch.equal(g, r.to(g.dtype)) and g.transpose(1, 2).is_contiguous()
+
+
+def test_fused_rope_reads_the_modeling_files_globals_live(monkeypatch):
+    """Only apply_rotary_pos_emb is swapped: a module-level name patched after fusing (here the eager attention)
+    reaches the fused model, and a patch undone is undone for it too."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    model = tiny_model("qwen2", attn_implementation="eager")
+    fuse_modules(model, rms_norm=False, swiglu=False, rope=True)
+    ids = torch.randint(0, 96, (1, 9))
+    before = model(input_ids=ids).logits
+    with monkeypatch.context() as mp:
+        mp.setattr(modeling_qwen2, "eager_attention_forward", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            model(input_ids=ids)
+    torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=0, atol=0)
 
 
 def test_fused_rope_leaves_other_models_and_the_modeling_file_alone():
@@ -163,3 +180,24 @@ def test_fused_rope_compiles_inside_a_decoder_layer_without_graph_breaks():
     pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])  # two packed examples
     torch.testing.assert_close(fused_model(input_ids=ids, position_ids=pos).logits,
                                ref_model(input_ids=ids, position_ids=pos).logits, rtol=1e-6, atol=1e-6)
+
+
+
+class _RemoteCodeAttention(torch.nn.Module):
+    """Remote code that imports transformers' Llama RoPE function rather than defining rotate_half itself."""
+
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def test_fused_rope_takes_an_imported_llama_rope_function():
+    module = _RemoteCodeAttention()
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8)
+    cos, sin = torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+    ref = module(q, k, cos, sin)
+    assert fuse_modules(module, rms_norm=False, swiglu=False, rope=True) == {"use_fused_rope": ["_RemoteCodeAttention"]}
+    for r, g in zip(ref, module(q, k, cos, sin)):
+        assert torch.equal(g, r)
+    from transformers.models.llama import modeling_llama
+
+    assert globals()["apply_rotary_pos_emb"] is modeling_llama.apply_rotary_pos_emb  # the name itself is untouched
