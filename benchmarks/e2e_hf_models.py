@@ -73,8 +73,8 @@ def build(setup: str, shape: dict, family: str, device):
 
         with torch.device(device):
             return LlamaForCausalLM(LlamaConfig(**shape, rms_norm_eps=1e-6)).train()
-    impl = {"ours": FLASHMASK, "ours_fused": FLASHMASK, "hf_llama": FLASHMASK, "hf_sdpa_padded": "sdpa", "hf_sdpa_packed": "sdpa",
-            "hf_flex_packed": "flex_attention"}[setup]
+    impl = {"ours": FLASHMASK, "ours_fused": FLASHMASK, "hf_llama": FLASHMASK, "hf_sdpa_padded": "sdpa",
+            "hf_sdpa_packed": "sdpa", "hf_flex_packed": "flex_attention"}[setup]
     cls = "LlamaConfig" if setup == "hf_llama" else ("Qwen3Config" if family == "qwen3-1.7b" else "Qwen2Config")
     config = getattr(transformers, cls)(**shape, attn_implementation=impl, use_cache=False)
     with torch.device(device):

@@ -105,12 +105,6 @@ def _code_key(fn) -> tuple | None:
     return code.co_code, consts, code.co_names, code.co_varnames, code.co_argcount, fn.__defaults__
 
 
-def _innermost(fn):
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
-
-
 def _cell_contents(cell):
     try:
         return cell.cell_contents
@@ -158,10 +152,11 @@ def _rope_forward(cls):
         from transformers.models.llama import modeling_llama as llama
 
         fn, new = getattr(cls, "forward", None), None
-        g = getattr(_innermost(fn), "__globals__", {}) if fn is not None else {}
+        inner = inspect.unwrap(fn)
+        g = getattr(inner, "__globals__", {})
         rope = g.get("apply_rotary_pos_emb")
-        rope_globals = getattr(inspect.unwrap(rope), "__globals__", {}) if rope is not None else {}
-        if ("apply_rotary_pos_emb" in getattr(getattr(_innermost(fn), "__code__", None), "co_names", ())
+        rope_globals = getattr(inspect.unwrap(rope), "__globals__", {})
+        if ("apply_rotary_pos_emb" in getattr(getattr(inner, "__code__", None), "co_names", ())
                 and _code_key(rope) == _code_key(llama.apply_rotary_pos_emb)
                 and _code_key(rope_globals.get("rotate_half")) == _code_key(llama.rotate_half)):
             new = _with_global_renamed(fn, "apply_rotary_pos_emb", FUSED_ROPE_GLOBAL)
