@@ -15,7 +15,7 @@ per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
   one double-buffered [128 keys, 64 queries] tile (``ds_ready`` / ``ds_free`` mbarriers, two arrivals each),
   then warpgroup ``w`` computes dQ[:, w*64 : w*64+64] = dS K[:, those columns] over all 128 keys and adds it
   into the fp32 ``dq_accum`` by a TMA reduce-add (``cp.reduce.async.bulk.tensor``) from its own fp32 staging
-  tile; the scaled cast to the output dtype is a torch op afterwards;
+  tile; the scaled cast to the output dtype is one vectorised pass afterwards (``triton_launch.dq_from_accum``);
 - **loader** (4 warps, 24 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
   consumers release.
 
@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from . import launch_cache
+from .triton_launch import dq_from_accum
 
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
@@ -408,6 +409,4 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], b * h_k, hc, scale * log2e,
         scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
         HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
-    dq = torch.empty_like(q)
-    torch.mul(dq_accum, scale, out=dq)  # one layout: a contiguous elementwise pass
-    return dq, dk, dv
+    return dq_from_accum(dq_accum, scale, q), dk, dv  # one layout: a contiguous elementwise pass

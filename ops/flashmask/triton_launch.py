@@ -12,7 +12,8 @@ import triton
 
 from .env import interpreting
 from .launch_config import LOG2E, bwd_config, dp_first, fwd_config, launch, pow2
-from .triton_bwd import _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel, _flashmask_bwd_preprocess_kernel
+from .triton_bwd import (_flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel, _flashmask_bwd_preprocess_kernel,
+                         _flashmask_dq_convert_kernel)
 from .triton_fwd import _flashmask_fwd_kernel
 from .triton_prep import MaskVectors
 
@@ -103,6 +104,18 @@ def preprocess(o, do, lse, dlse, dq_accum=None):
            D=d, BLOCK_D=pow2(d), BLOCK_M=pre_bm, HAS_DLSE=dlse is not None, ZERO_DQ=dq_accum is not None,
            num_warps=4, num_stages=1)
     return delta, lse2
+
+
+def dq_from_accum(dq_accum, scale: float, like):
+    """dQ shaped and typed like ``like`` from the contiguous fp32 accumulator ``dq_accum`` of the same shape:
+    ``dq_accum * scale`` rounded once to ``like.dtype`` (the same values as ``torch.mul(dq_accum, scale,
+    out=dq)``, in one vectorised pass)."""
+    dq = torch.empty_like(like)
+    n = dq_accum.numel()
+    block = 4096
+    launch(_flashmask_dq_convert_kernel, (triton.cdiv(n, block),), dq_accum, dq, scale, n, BLOCK=block,
+           num_warps=8)
+    return dq
 
 
 def triton_backward(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, scale: float):

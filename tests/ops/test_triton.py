@@ -324,6 +324,20 @@ def test_tma_descriptor_path(monkeypatch, causal, c):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dq_from_accum_rounds_like_torch_mul(dtype):
+    """The dQ conversion kernel gives the values of ``torch.mul(acc, scale, out=dq)`` (one rounding), on a
+    length that is not a multiple of its block."""
+    from flashmask.triton_launch import dq_from_accum
+
+    acc = torch.randn(1, 37, 3, 50, generator=torch.Generator().manual_seed(0)).to(DEV) * 40
+    like = torch.empty(acc.shape, dtype=dtype, device=DEV)
+    expected = torch.empty_like(like)
+    torch.mul(acc, 0.125 ** 0.5, out=expected)
+    dq = dq_from_accum(acc, 0.125 ** 0.5, like)
+    assert dq.dtype == dtype and dq.shape == acc.shape and torch.equal(dq, expected)
+
+
 def test_torch_reference_preprocessing_gives_the_same_attention(monkeypatch):
     """The pure-PyTorch min/max and visit lists (``MaskVectors.*_reference``) in place of the Triton
     preprocessing kernels give bitwise the same outputs and gradients."""
