@@ -9,7 +9,8 @@ the exponentials run. This kernel keeps them busy the way FlashAttention-3 does:
   each, each owning 64 query rows and never waiting for the other. For every listed key block ``t`` (``IDX``,
   the forward visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones) a
   consumer issues S_t = Q_w K_t^T and O_w += P_{t-1} V_{t-1} asynchronously, then runs the element mask (partial
-  blocks only: FlashMask's LTS/LTE/UTS/UTE, causal) and the online softmax (log2 units) of S_t while the P V
+  blocks only: causal, and FlashMask's LTS/LTE/UTS/UTE on the first ``n_vec_partial`` of them, the blocks the
+  vectors may mask) and the online softmax (log2 units) of S_t while the P V
   product is still on the tensor cores (FlashAttention-3's intra-warpgroup overlap), then rescales O_w. At the
   end O_w / l goes to shared memory and out by a TMA store, LSE (natural log, -inf on rows with no visible key)
   by plain stores;
@@ -78,29 +79,30 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_re
 
 
 @gluon.jit
-def _softmax_tile(sc, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE, UTS, UTE, vec_off, CAUSAL: gl.constexpr,
-                  HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
+def _softmax_tile(sc, m_i, l_i, t, rows, IDX, n_part, f_lo, n_vec, LTS, LTE, UTS, UTE, vec_off,
+                  CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
+                  HAS_UTS: gl.constexpr):
     """Online-softmax step for scores ``sc`` [64, BLOCK_N] (log2 units) of visit ``t``: the element mask on
-    partially masked blocks (rows that see nothing yet keep a zero row max), then ``(p, alpha, m_new, l_new)``."""
+    partially masked blocks (the vectors only on the first ``n_vec`` visits; rows that see nothing yet keep a
+    zero row max), then ``(p, alpha, m_new, l_new)``."""
     if t < n_part:
         BLOCK_N: gl.constexpr = sc.type.shape[1]
         n = _key_block(IDX, n_part, f_lo, t)
         cols = n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, sc.type.layout))
         r = rows[:, None]
-        masked = r < 0
         if CAUSAL:
-            masked = masked | (cols[None, :] > r)
+            sc = gl.where(cols[None, :] > r, float("-inf"), sc)
         if HAS_MASK:
-            down = r >= gl.load(LTS + vec_off + cols)[None, :]
-            if HAS_LTE:
-                down = down & (r < gl.load(LTE + vec_off + cols)[None, :])
-            masked = masked | down
-            if HAS_UT:
-                up = r < gl.load(UTE + vec_off + cols)[None, :]
-                if HAS_UTS:
-                    up = up & (r >= gl.load(UTS + vec_off + cols)[None, :])
-                masked = masked | up
-        sc = gl.where(masked, float("-inf"), sc)
+            if t < n_vec:  # the other partial blocks (mostly causal diagonals) skip the vector loads
+                masked = r >= gl.load(LTS + vec_off + cols)[None, :]
+                if HAS_LTE:
+                    masked = masked & (r < gl.load(LTE + vec_off + cols)[None, :])
+                if HAS_UT:
+                    up = r < gl.load(UTE + vec_off + cols)[None, :]
+                    if HAS_UTS:
+                        up = up & (r >= gl.load(UTS + vec_off + cols)[None, :])
+                    masked = masked | up
+                sc = gl.where(masked, float("-inf"), sc)
         m_new = gl.maximum(m_i, gl.max(sc, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
@@ -113,9 +115,9 @@ def _softmax_tile(sc, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE, UTS, UTE, 
 
 @gluon.jit
 def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_desc, LSE, IDX, n_part,
-              n_tot, f_lo, row0, o_row, o_col, lse_off, LTS, LTE, UTS, UTE, vec_off, qk_scale, D: gl.constexpr,
-              CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
-              HAS_UTS: gl.constexpr):
+              n_tot, f_lo, n_vec, row0, o_row, o_col, lse_off, LTS, LTE, UTS, UTE, vec_off, qk_scale,
+              D: gl.constexpr, CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr,
+              HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
     NS: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     HALF: gl.constexpr = BLOCK_M // 2
@@ -135,8 +137,8 @@ def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, 
     if n_tot > 0:  # FlashAttention-3's intra-warpgroup overlap: O += P_{t-1} V_{t-1} runs under softmax(S_t)
         mbarrier.wait(k_ready.index(0), 0)
         sc = warpgroup_mma(q_w, k_bufs.index(0).permute((1, 0)), zero_s, use_acc=False)
-        p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, 0, rows, IDX, n_part, f_lo, LTS, LTE, UTS,
-                                           UTE, vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, 0, rows, IDX, n_part, f_lo, n_vec, LTS, LTE,
+                                           UTS, UTE, vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
         for t in range(1, n_tot):
             s = t % NS
             sp = (t - 1) % NS
@@ -145,8 +147,8 @@ def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, 
             mbarrier.wait(v_ready.index(sp), ((t - 1) // NS) & 1)
             acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_op), v_bufs.index(sp), acc, is_async=True)
             sc = warpgroup_mma_wait(1, deps=[sc])  # S_t done; P_{t-1} V_{t-1} may still run
-            p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, t, rows, IDX, n_part, f_lo, LTS, LTE,
-                                               UTS, UTE, vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+            p, alpha, m_i, l_i = _softmax_tile(sc * qk_scale, m_i, l_i, t, rows, IDX, n_part, f_lo, n_vec, LTS,
+                                               LTE, UTS, UTE, vec_off, CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(kv_empty.index(sp), count=1)  # one of the two consumers' arrivals
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
@@ -167,7 +169,7 @@ def _consumer(w: gl.constexpr, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, 
 
 @gluon.jit
 def flashmask_fwd_gluon_kernel(
-    q_desc, k_desc, v_desc, o_desc, LSE, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO, ORDER, S_q, S_k, H_q, H_mask,
+    q_desc, k_desc, v_desc, o_desc, LSE, LTS, LTE, UTS, UTE, IDX, NPART, NFULL, FLO, NVEC, ORDER, S_q, S_k, H_q, H_mask,
     NUM_M, NUM_N, ROWS, HC, qk_scale, G: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr, NS: gl.constexpr,
     CAUSAL: gl.constexpr,
     HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr,
@@ -178,7 +180,8 @@ def flashmask_fwd_gluon_kernel(
     the lists, int32 ``[L, NUM_M]``; ``ROWS`` = B * H_q, ``HC`` of them per chunk); ``num_warps=4``
     plus two 4-warp workers, ``maxnreg=168`` (the consumers get 240 registers each, the loader 24). Descriptors
     over ``[B*S, H*D]`` views: q / o boxes ``[BLOCK_M // 2, D]``, k / v ``[BLOCK_N, D]``; LSE fp32 ``[B, H_q,
-    S_q]``. ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the forward visit lists for ``(BLOCK_M, BLOCK_N)`` tiles.
+    S_q]``. ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO`` / ``NVEC``: the forward visit lists for ``(BLOCK_M,
+    BLOCK_N)`` tiles.
     Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``, D in ``HEAD_DIMS`` (tiles: :func:`tiles`).
     """
     rank, bh = lpt_program(gl.program_id(0), NUM_M, HC, ROWS)
@@ -191,6 +194,9 @@ def flashmask_fwd_gluon_kernel(
     else:
         pid_m = gl.load(ORDER + rank)
     IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, pid_m, bm, NUM_M, NUM_N, HAS_MASK)
+    n_vec = 0  # how many of the partial blocks need the vectors (the rest only the causal mask)
+    if HAS_MASK:
+        n_vec = gl.load(NVEC + bm * NUM_M + pid_m)
     dt: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dt, [2, BLOCK_M // 2, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dt, [NS, BLOCK_N, D], k_desc.layout)
@@ -208,11 +214,11 @@ def flashmask_fwd_gluon_kernel(
     q_row = b * S_q + row0
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_desc, LSE, IDX_row, n_part,
-                     n_tot, f_lo, row0, q_row, h * D, bh * S_q, LTS, LTE, UTS, UTE, bm * S_k, qk_scale, D, CAUSAL,
-                     HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+                     n_tot, f_lo, n_vec, row0, q_row, h * D, bh * S_q, LTS, LTE, UTS, UTE, bm * S_k, qk_scale, D,
+                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, o_desc, LSE, IDX_row, n_part,
-                     n_tot, f_lo, row0, q_row, h * D, bh * S_q, LTS, LTE, UTS, UTE, bm * S_k, qk_scale, D, CAUSAL,
-                     HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
+                     n_tot, f_lo, n_vec, row0, q_row, h * D, bh * S_q, LTS, LTE, UTS, UTE, bm * S_k, qk_scale, D,
+                     CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, kv_empty, IDX_row, n_part,
                    n_tot, f_lo, q_row, h * D, b * S_k, hk * D)),
     ], [4, 4], [240, 24])
@@ -225,7 +231,7 @@ def launch(q, k, v, lists, order, mv, causal: bool, scale: float, log2e: float):
     Args:
         q, k, v: contiguous, 16-byte aligned ``[B, S, H, D]`` bf16 / fp16 on an sm_90 GPU, D in ``HEAD_DIMS``,
             ``S_q % 128 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_fwd_eligible`` checks all of it).
-        lists: ``(idx, n_part, n_full, full_lo)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``;
+        lists: ``(idx, n_part, n_full, full_lo, n_vec)``, ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=False)``;
         order: ``mv.visit_order(BLOCK_M, BLOCK_N, by_key=False)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as ``flashmask_attention``. log2e: log2(e).
 
@@ -246,13 +252,13 @@ def launch(q, k, v, lists, order, mv, causal: bool, scale: float, log2e: float):
                              f"{t.dtype}, strides {t.stride()}")
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    idx, n_part, n_full, full_lo = lists  # [L, NUM_M, NUM_N], [L, NUM_M] x 3
+    idx, n_part, n_full, full_lo, n_vec = lists  # [L, NUM_M, NUM_N], [L, NUM_M] x 4
     g = h_q // h_k
     hc = rows_per_chunk(2 * s_k * d * q.element_size() // g, b * h_q)  # a query head streams its share of K and V
     launch_cache.launch(flashmask_fwd_gluon_kernel, (b * h_q * (s_q // bm),),
         tensor_desc(q, b * s_q, h_q * d, [bm // 2, d]), tensor_desc(k, b * s_k, h_k * d, [bn, d]),
         tensor_desc(v, b * s_k, h_k * d, [bn, d]), tensor_desc(o, b * s_q, h_q * d, [bm // 2, d]), lse, mv.lts,
-        mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, order, s_q, s_k, h_q, mv.h_mask, idx.shape[1],
+        mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo, n_vec, order, s_q, s_k, h_q, mv.h_mask, idx.shape[1],
         idx.shape[2], b * h_q, hc, scale * log2e, G=g, D=d, BLOCK_N=bn, NS=stages, CAUSAL=causal,
         HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
     return o, lse

@@ -52,8 +52,9 @@ def _block_minmax_kernel(LTS, LTE, UTS, UTE, OUT, S_k, NB, L, S_q,
 def _classes(MM, l, r, t, T, S_q, S_k, L, NB,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BY_KEY: tl.constexpr, CAUSAL: tl.constexpr,
              HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr, HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr):
-    """``(partial, unmasked, masked)`` bool vectors for inner blocks ``t`` of outer block ``r`` (entries with
-    ``t >= T`` are all False). Same conditions as ``MaskVectors.tile_classes_reference``."""
+    """``(partial, vec_partial, unmasked, masked)`` bool vectors for inner blocks ``t`` of outer block ``r``
+    (entries with ``t >= T`` are all False); ``vec_partial``: the partial blocks the vectors may mask (the others
+    need only the causal / key-tail mask). Same conditions as ``MaskVectors.tile_classes_reference``."""
     valid = t < T
     if BY_KEY:  # outer = key block r, inner = query blocks t
         qb = t
@@ -66,6 +67,7 @@ def _classes(MM, l, r, t, T, S_q, S_k, L, NB,
     c0 = kb * BLOCK_N
     live = valid
     partial = c0 + BLOCK_N > S_k
+    vec = t < 0  # no vectors: no block is partial because of them
     if CAUSAL:
         live = live & (c0 <= r1 - 1)
         partial = partial | (c0 + BLOCK_N - 1 > r0)
@@ -88,54 +90,65 @@ def _classes(MM, l, r, t, T, S_q, S_k, L, NB,
             part = part | up_part
         live = live & (full == 0)
         partial = partial | part
+        vec = part
     partial = partial & live
+    vec = vec & live
     unmasked = live & (partial == 0)
     masked = valid & (live == 0)
-    return partial, unmasked, masked
+    return partial, vec, unmasked, masked
 
 
 @triton.jit
-def _block_lists_kernel(MM, IDX, NPART, NFULL, FLO, T, R, S_q, S_k, L, NB,
+def _block_lists_kernel(MM, IDX, NPART, NFULL, FLO, NVEC, T, R, S_q, S_k, L, NB,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BY_KEY: tl.constexpr,
                         CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_LTE: tl.constexpr,
                         HAS_UT: tl.constexpr, HAS_UTS: tl.constexpr, CHUNK: tl.constexpr):
-    """One program per (outer block r, row l): the inner blocks ordered partial, unmasked, fully masked (each
-    ascending: a stable sort), their counts, and the first unmasked block when the unmasked ones are one run
-    (else -1). Pass 1 counts, pass 2 scatters each block to its position by prefix sums."""
+    """One program per (outer block r, row l): the inner blocks ordered partial by the vectors, partial by the
+    causal / key-tail edge only, unmasked, fully masked (each ascending: a stable sort), their counts, and the
+    first unmasked block when the unmasked ones are one run (else -1). Pass 1 counts, pass 2 scatters each block
+    to its position by prefix sums."""
     r = tl.program_id(0)
     l = tl.program_id(1)
+    n_v = 0
     n_p = 0
     n_f = 0
     first = T
     last = -1
     for c in range(0, T, CHUNK):
         t = c + tl.arange(0, CHUNK)
-        partial, unmasked, masked = _classes(MM, l, r, t, T, S_q, S_k, L, NB, BLOCK_M, BLOCK_N, BY_KEY, CAUSAL,
-                                             HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        partial, vec, unmasked, masked = _classes(MM, l, r, t, T, S_q, S_k, L, NB, BLOCK_M, BLOCK_N, BY_KEY,
+                                                  CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        n_v += tl.sum(vec.to(tl.int32), 0)
         n_p += tl.sum(partial.to(tl.int32), 0)
         n_f += tl.sum(unmasked.to(tl.int32), 0)
         first = tl.minimum(first, tl.min(tl.where(unmasked, t, T), 0))
         last = tl.maximum(last, tl.max(tl.where(unmasked, t, -1), 0))
     row = l * R + r
     base = IDX + row * T
-    seen_p = 0
+    seen_v = 0
+    seen_e = 0
     seen_f = 0
     seen_m = 0
     for c in range(0, T, CHUNK):
         t = c + tl.arange(0, CHUNK)
-        partial, unmasked, masked = _classes(MM, l, r, t, T, S_q, S_k, L, NB, BLOCK_M, BLOCK_N, BY_KEY, CAUSAL,
-                                             HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
-        cp = tl.cumsum(partial.to(tl.int32), 0)
+        partial, vec, unmasked, masked = _classes(MM, l, r, t, T, S_q, S_k, L, NB, BLOCK_M, BLOCK_N, BY_KEY,
+                                                  CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
+        edge = partial & (vec == 0)
+        cv = tl.cumsum(vec.to(tl.int32), 0)
+        ce = tl.cumsum(edge.to(tl.int32), 0)
         cf = tl.cumsum(unmasked.to(tl.int32), 0)
         cm = tl.cumsum(masked.to(tl.int32), 0)
-        pos = tl.where(partial, seen_p + cp - 1,
-                       tl.where(unmasked, n_p + seen_f + cf - 1, n_p + n_f + seen_m + cm - 1))
+        pos = tl.where(vec, seen_v + cv - 1,
+                       tl.where(edge, n_v + seen_e + ce - 1,
+                                tl.where(unmasked, n_p + seen_f + cf - 1, n_p + n_f + seen_m + cm - 1)))
         tl.store(base + pos, t, mask=t < T)
-        seen_p += tl.sum(partial.to(tl.int32), 0)
+        seen_v += tl.sum(vec.to(tl.int32), 0)
+        seen_e += tl.sum(edge.to(tl.int32), 0)
         seen_f += tl.sum(unmasked.to(tl.int32), 0)
         seen_m += tl.sum(masked.to(tl.int32), 0)
     tl.store(NPART + row, n_p)
     tl.store(NFULL + row, n_f)
+    tl.store(NVEC + row, n_v)
     first = tl.where(n_f == 0, 0, first)  # the reference's argmax gives 0 when there is no unmasked block
     contiguous = (n_f == 0) | (last - first + 1 == n_f)
     tl.store(FLO + row, tl.where(contiguous, first, -1))
@@ -156,7 +169,8 @@ def block_minmax(lts, lte, uts, ute, seq_q: int, block_n: int, has_lte: bool, ha
 def block_lists(mm: torch.Tensor, rows: int, seq_q: int, seq_k: int, block_m: int, block_n: int, by_key: bool,
                 causal: bool, has_mask: bool, has_lte: bool, has_ut: bool, has_uts: bool):
     """Visit lists from the min/max table ``mm`` ``[8, rows, NB]`` (ignored without a mask): ``(idx int32
-    [rows, R, T], n_partial int32 [rows, R], n_full int32 [rows, R], full_lo int32 [rows, R])``, one launch.
+    [rows, R, T], n_partial int32 [rows, R], n_full int32 [rows, R], full_lo int32 [rows, R], n_vec_partial int32
+    [rows, R])``, one launch.
     Contents as ``MaskVectors.block_lists_reference`` (bitwise).
 
     Raises:
@@ -171,10 +185,10 @@ def block_lists(mm: torch.Tensor, rows: int, seq_q: int, seq_k: int, block_m: in
                          f"S_q={seq_q}, S_k={seq_k}); split the batch into smaller calls or use one mask head")
     dev = mm.device
     idx = torch.empty(rows, r, t, dtype=torch.int32, device=dev)
-    n_p, n_f, flo = (torch.empty(rows, r, dtype=torch.int32, device=dev) for _ in range(3))
+    n_p, n_f, flo, n_v = (torch.empty(rows, r, dtype=torch.int32, device=dev) for _ in range(4))
     chunk = min(1024, max(16, triton.next_power_of_2(t)))
-    _block_lists_kernel[(r, rows)](mm, idx, n_p, n_f, flo, t, r, seq_q, seq_k, rows, mm.shape[-1],
+    _block_lists_kernel[(r, rows)](mm, idx, n_p, n_f, flo, n_v, t, r, seq_q, seq_k, rows, mm.shape[-1],
                                    BLOCK_M=block_m, BLOCK_N=block_n, BY_KEY=by_key, CAUSAL=causal,
                                    HAS_MASK=has_mask, HAS_LTE=has_lte, HAS_UT=has_ut, HAS_UTS=has_uts,
                                    CHUNK=chunk, num_warps=4 if chunk >= 512 else 1)
-    return idx, n_p, n_f, flo
+    return idx, n_p, n_f, flo, n_v

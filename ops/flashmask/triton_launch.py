@@ -74,7 +74,7 @@ def triton_forward(q, k, v, mv: MaskVectors, causal: bool, scale: float):
     d_pad = pow2(d)
     cfg = fwd_config(d_pad, q.dtype, _on_gpu(q), mv.has_uts)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    idx, n_part, n_full, full_lo = mv.block_lists(bm, bn, by_key=False)
+    idx, n_part, n_full, full_lo, _ = mv.block_lists(bm, bn, by_key=False)
     o = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     even = _even(s_q, s_k, bm, bn, d, d_pad)
@@ -130,7 +130,7 @@ def triton_backward(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, sca
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     bn, bm = cfg["BLOCK_N"], cfg["BLOCK_M"]
-    idx, n_part, n_full, full_lo = mv.block_lists(bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
+    idx, n_part, n_full, full_lo, _ = mv.block_lists(bm, bn, by_key=True)  # idx [L, NUM_N, NUM_M]
     launch(_flashmask_bwd_dkdv_kernel, (idx.shape[1], b * h_k),
            q, k, v, do, lse2, delta, dk, dv, mv.lts, mv.lte, mv.uts, mv.ute, idx, n_part, n_full, full_lo,
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -141,7 +141,7 @@ def triton_backward(do, q, k, v, lse2, delta, mv: MaskVectors, causal: bool, sca
            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags)
     dq = torch.empty_like(q)
     bm2, bn2 = cfg["DQ_BLOCK_M"], cfg["DQ_BLOCK_N"]
-    idx2, n_part2, n_full2, full_lo2 = mv.block_lists(bm2, bn2, by_key=False)
+    idx2, n_part2, n_full2, full_lo2, _ = mv.block_lists(bm2, bn2, by_key=False)
     launch(_flashmask_bwd_dq_kernel, (idx2.shape[1], b * h_q),
            q, k, v, do, lse2, delta, dq, mv.lts, mv.lte, mv.uts, mv.ute, idx2, n_part2, n_full2, full_lo2,
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

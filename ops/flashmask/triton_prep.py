@@ -89,9 +89,11 @@ class MaskVectors:
     def tile_classes_reference(self, block_m: int, block_n: int):
         """Tile classes on the ``[Tr, Tc]`` grid of ``block_m`` x ``block_n`` tiles, from the min/max only.
 
-        Returns bool ``(live, partial)``, each ``[L, Tr, Tc]`` with L = B*H_mask (1 without a mask): live = not
-        fully masked (and not above the causal diagonal); partial = live and needs the element mask (interval
-        overlap, causal diagonal, or key tail). Conservative as in FlashMask §2.2: exact results either way.
+        Returns bool ``(live, partial, vec_partial)``, each ``[L, Tr, Tc]`` with L = B*H_mask (1 without a mask):
+        live = not fully masked (and not above the causal diagonal); partial = live and needs the element mask
+        (interval overlap, causal diagonal, or key tail); vec_partial = partial because of the vectors (interval
+        overlap; the other partial tiles need only the causal / key-tail mask). Conservative as in FlashMask
+        §2.2: exact results either way.
         """
         dev = self.lts.device
         tr, tc = triton.cdiv(self.seq_q, block_m), triton.cdiv(self.seq_k, block_n)
@@ -100,6 +102,7 @@ class MaskVectors:
         c0 = (torch.arange(tc, device=dev) * block_n).view(1, 1, tc)
         live = torch.ones(1, tr, tc, dtype=torch.bool, device=dev)
         partial = (c0 + block_n > self.seq_k).expand(1, tr, tc)
+        vec = torch.zeros(1, tr, tc, dtype=torch.bool, device=dev)
         if self.causal:
             live = live & (c0 <= r1 - 1)
             partial = partial | (c0 + block_n - 1 > r0)
@@ -120,8 +123,8 @@ class MaskVectors:
                 part = part | up_part
             live = live & ~full
             partial = partial | part
-        partial = partial & live
-        return live, partial
+            vec = part
+        return live, partial & live, vec & live
 
     def block_lists(self, block_m: int, block_n: int, by_key: bool):
         """Per outer block, the inner blocks to visit: partial ones first, then unmasked ones (cached; one Triton
@@ -129,12 +132,15 @@ class MaskVectors:
 
         ``by_key=False`` (forward, dQ): outer = query blocks, inner = key blocks; ``True`` (dK/dV): outer =
         key blocks, inner = query blocks. Returns ``(idx int32 [L, R, T], n_partial int32 [L, R],
-        n_full int32 [L, R], full_lo int32 [L, R])``; fully masked inner blocks are never listed, so the kernels
-        never load them. ``full_lo`` is the first unmasked inner block when the unmasked ones form one contiguous
-        run (causal, document, sliding-window and share-question masks: nearly every row), else -1: the kernels
-        then loop ``range(full_lo, full_lo + n_full)`` with affine addresses, which Triton's software pipeliner
-        prefetches better than the indirect list. Like FlashMask V3's per-m-block ``generate_n_block`` list
-        (flashmask.md §2.4), built on the device from the O(N) min/max in O(Tr*Tc) without evaluating any element.
+        n_full int32 [L, R], full_lo int32 [L, R], n_vec_partial int32 [L, R])``; fully masked inner blocks are
+        never listed, so the kernels never load them. ``full_lo`` is the first unmasked inner block when the
+        unmasked ones form one contiguous run (causal, document, sliding-window and share-question masks: nearly
+        every row), else -1: the kernels then loop ``range(full_lo, full_lo + n_full)`` with affine addresses, which
+        Triton's software pipeliner prefetches better than the indirect list. The partial blocks start with the
+        ``n_vec_partial`` ones that the vectors may mask; the others need only the causal / key-tail mask (mostly
+        the diagonal blocks of causal masks), which the Gluon kernels apply without reading the vectors. Like
+        FlashMask V3's per-m-block ``generate_n_block`` list (flashmask.md §2.4), built on the device from the O(N)
+        min/max in O(Tr*Tc) without evaluating any element.
         """
         key = (block_m, block_n, by_key)
         if key not in self._lists:
@@ -151,18 +157,18 @@ class MaskVectors:
         evaluates the element mask. Ties keep block order."""
         key = ("order", block_m, block_n, by_key)
         if key not in self._lists:
-            _, n_p, n_f, _ = self.block_lists(block_m, block_n, by_key)
+            _, n_p, n_f, _, _ = self.block_lists(block_m, block_n, by_key)
             self._lists[key] = torch.argsort(2 * n_f + 3 * n_p, dim=-1, descending=True,
                                              stable=True).to(torch.int32).contiguous()
         return self._lists[key]
 
     def block_lists_reference(self, block_m: int, block_n: int, by_key: bool):
         """Pure-PyTorch :meth:`block_lists` (uncached; the tests' reference): tile classes, then a stable argsort
-        of the 0/1/2 key (partial / unmasked / fully masked)."""
-        live, partial = self.tile_classes_reference(block_m, block_n)
+        of the 0/1/2/3 key (partial by the vectors / partial by the edge only / unmasked / fully masked)."""
+        live, partial, vec = self.tile_classes_reference(block_m, block_n)
         if by_key:
-            live, partial = live.transpose(1, 2), partial.transpose(1, 2)
-        order = torch.where(partial, 0, torch.where(live, 1, 2)).to(torch.int8)
+            live, partial, vec = live.transpose(1, 2), partial.transpose(1, 2), vec.transpose(1, 2)
+        order = torch.where(vec, 0, torch.where(partial, 1, torch.where(live, 2, 3))).to(torch.int8)
         idx = torch.argsort(order, dim=-1, stable=True).to(torch.int32).contiguous()
         n_p = partial.sum(-1, dtype=torch.int32).contiguous()
         unmasked = live & ~partial
@@ -172,7 +178,8 @@ class MaskVectors:
         last = (t - 1) - unmasked.flip(-1).to(torch.int8).argmax(-1).to(torch.int32)
         contiguous = (n_f == 0) | (last - first + 1 == n_f)
         full_lo = torch.where(contiguous, first, torch.full_like(first, -1)).contiguous()
-        return idx, n_p, n_f, full_lo
+        n_v = vec.sum(-1, dtype=torch.int32).contiguous()
+        return idx, n_p, n_f, full_lo, n_v
 
 
 @triton.jit

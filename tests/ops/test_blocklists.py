@@ -22,7 +22,7 @@ def _check(sri, causal, s_q, s_k, tiles=TILES, orientations=(False, True)):
         for by_key in orientations:
             got = mv.block_lists(bm, bn, by_key)
             ref = mv.block_lists_reference(bm, bn, by_key)
-            for name, a, b in zip(("idx", "n_partial", "n_full", "full_lo"), got, ref):
+            for name, a, b in zip(("idx", "n_partial", "n_full", "full_lo", "n_vec_partial"), got, ref, strict=True):
                 assert a.dtype == torch.int32 and a.shape == b.shape, (name, a.shape, b.shape)
                 assert torch.equal(a, b), f"{name} differs: tiles {bm}x{bn} by_key={by_key}"
 
@@ -75,7 +75,7 @@ def test_visit_order_starts_the_most_work_first(by_key):
                         (M.causal_document_mask([[100, 37, 163]]).startend_row_indices.to(DEV), True),
                         (None, True), (None, False)]:
         mv = MaskVectors(sri, causal, 300, 300, torch.device(DEV))
-        _, n_p, n_f, _ = mv.block_lists(16, 32, by_key)
+        _, n_p, n_f, _, _ = mv.block_lists(16, 32, by_key)
         order = mv.visit_order(16, 32, by_key)
         assert order.dtype == torch.int32 and order.shape == n_p.shape and order.is_contiguous()
         work = 2 * n_f + 3 * n_p
@@ -87,3 +87,23 @@ def test_visit_order_starts_the_most_work_first(by_key):
             ties = (w[:-1] == w[1:])
             assert bool((o[:-1][ties] < o[1:][ties]).all())
         assert mv.visit_order(16, 32, by_key) is order  # cached
+
+
+def test_vector_partial_blocks_come_first():
+    """``n_vec_partial``: the partial blocks the vectors may mask are listed first; the rest are the blocks that
+    only the causal diagonal cuts. Causal with an all-``S`` LTS vector: no block needs the vectors. Sliding
+    window of 256 at 64 x 64 tiles: each query block has its diagonal block (causal only) and one window-edge
+    block (vectors) partial."""
+    s, dev = 1024, torch.device(DEV)
+    all_s = torch.full((1, 1, s, 1), s, dtype=torch.int32, device=dev)
+    mv = MaskVectors(all_s, True, s, s, dev)
+    idx, n_p, n_f, _, n_v = mv.block_lists(64, 64, False)
+    assert bool((n_v == 0).all()) and bool((n_p == 1).all())
+    assert torch.equal(idx[0, :, 0], torch.arange(s // 64, dtype=torch.int32, device=dev))  # the diagonal
+    m = M.sliding_window_mask(s, 256)
+    mv = MaskVectors(m.startend_row_indices.to(DEV), m.causal, s, s, dev)
+    idx, n_p, _, _, n_v = mv.block_lists(64, 64, False)
+    rows = torch.arange(s // 64, device=dev)
+    assert torch.equal(n_v[0, 4:], torch.ones_like(n_v[0, 4:])) and torch.equal(n_p[0, 4:], 2 * n_v[0, 4:])
+    assert torch.equal(idx[0, 4:, 0].long(), rows[4:] - 4)  # the window edge, then the diagonal
+    assert torch.equal(idx[0, 4:, 1].long(), rows[4:])

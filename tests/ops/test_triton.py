@@ -274,8 +274,8 @@ def test_range_loops_match_indirect_lists(monkeypatch):
     real_lists = MaskVectors.block_lists
 
     def lists_without_runs(self, *args, **kwargs):  # full_lo = -1: every unmasked block through the list
-        idx, n_part, n_full, full_lo = real_lists(self, *args, **kwargs)
-        return idx, n_part, n_full, torch.full_like(full_lo, -1)
+        idx, n_part, n_full, full_lo, n_vec = real_lists(self, *args, **kwargs)
+        return idx, n_part, n_full, torch.full_like(full_lo, -1), n_vec
 
     monkeypatch.setattr(MaskVectors, "block_lists", lists_without_runs)
     listed = _run(fn, q, k, v, do)
