@@ -375,7 +375,8 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
             ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_bwd_eligible`` checks all of it).
         lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_launch.preprocess``.
         dq_accum: zeroed fp32 ``[B, S_q, H_q, D]`` (``preprocess`` zeroes it in its pass over O and dO).
-        lists: ``mv.block_lists(BLOCK_M, BLOCK_N, by_key=True)``;
+        lists: ``(idx, n_part, n_full, full_lo, n_vec_partial)``, ``mv.block_lists(BLOCK_M, BLOCK_N,
+            by_key=True)`` (``n_vec_partial`` unused: the backward applies the whole mask on every partial block);
         order: ``mv.visit_order(BLOCK_M, BLOCK_N, by_key=True)``.
         mv: ``triton_prep.MaskVectors`` of the call. causal, scale: as the forward. log2e: log2(e).
 
@@ -397,7 +398,7 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
                              f"{t.dtype}, strides {t.stride()}")
     desc = tensor_desc
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    idx, n_part, n_full, full_lo, _ = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 3 (every partial block masked)
+    idx, n_part, n_full, full_lo, _ = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 4
     lrows = b * h_q * s_q // bm
     g = h_q // h_k
     hc = rows_per_chunk(2 * g * s_q * d * q.element_size(), b * h_k)  # a KV head streams its group's Q and dO

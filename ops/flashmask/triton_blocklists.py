@@ -1,10 +1,10 @@
 """Mask preprocessing on the device in two Triton launches: per-key-block min/max, then the visit lists.
 
 :class:`flashmask.triton_prep.MaskVectors` calls these; its ``*_reference`` methods are the pure-PyTorch
-versions they are tested against (``tests/ops/test_triton.py``), bitwise. The torch versions took about 15
-small launches per list (argsort, reductions, comparisons): 2-6 ms of host time per batch for the three lists of
-a forward+backward on the H200 (``build ms ours`` in docs/benchmarks.md), which the GPU waits for at the start of
-each batch. Here: one launch for the min/max and one per list.
+versions they are tested against (``tests/ops/test_blocklists.py``), bitwise. Built from torch ops, the lists take
+about 15 small launches each (argsort, reductions, comparisons): 2-6 ms of host time per batch for the three lists
+of a forward+backward on the H200, which the GPU waits for at the start of each batch; here one launch builds the
+min/max and one each list (``build ms ours`` in docs/benchmarks.md).
 
 Shapes: L = B*H_mask (1 without a mask), NB key blocks of BLOCK_N columns, R outer x T inner blocks of a list
 (query x key blocks for the forward / dQ lists, key x query blocks for the dK/dV list).

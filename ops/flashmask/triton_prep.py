@@ -138,7 +138,7 @@ class MaskVectors:
         every row), else -1: the kernels then loop ``range(full_lo, full_lo + n_full)`` with affine addresses, which
         Triton's software pipeliner prefetches better than the indirect list. The partial blocks start with the
         ``n_vec_partial`` ones that the vectors may mask; the others need only the causal / key-tail mask (mostly
-        the diagonal blocks of causal masks), which the Gluon kernels apply without reading the vectors. Like
+        the diagonal blocks of causal masks), which the Gluon forward applies without reading the vectors. Like
         FlashMask V3's per-m-block ``generate_n_block`` list (flashmask.md §2.4), built on the device from the O(N)
         min/max in O(Tr*Tc) without evaluating any element.
         """

@@ -91,7 +91,7 @@ def test_visit_order_starts_the_most_work_first(by_key):
 
 def test_vector_partial_blocks_come_first():
     """``n_vec_partial``: the partial blocks the vectors may mask are listed first; the rest are the blocks that
-    only the causal diagonal cuts. Causal with an all-``S`` LTS vector: no block needs the vectors. Sliding
+    only the causal diagonal (or the key tail) cuts. Causal with an all-``S`` LTS vector: no block needs the vectors. Sliding
     window of 256 at 64 x 64 tiles: each query block has its diagonal block (causal only) and one window-edge
     block (vectors) partial."""
     s, dev = 1024, torch.device(DEV)
@@ -107,3 +107,33 @@ def test_vector_partial_blocks_come_first():
     assert torch.equal(n_v[0, 4:], torch.ones_like(n_v[0, 4:])) and torch.equal(n_p[0, 4:], 2 * n_v[0, 4:])
     assert torch.equal(idx[0, 4:, 0].long(), rows[4:] - 4)  # the window edge, then the diagonal
     assert torch.equal(idx[0, 4:, 1].long(), rows[4:])
+
+
+@pytest.mark.parametrize("causal,c", [(True, 1), (True, 2), (False, 2), (False, 4)])
+def test_blocks_after_the_vector_partial_ones_have_no_vector_masked_element(causal, c):
+    """Soundness of ``n_vec_partial``: the kernels skip the vectors on the partial blocks listed after the first
+    ``n_vec_partial``, so none of their elements may be masked by the vectors alone (checked element by element,
+    both orientations, tails, S_q != S_k)."""
+    gen = torch.Generator().manual_seed(7 + c + causal)
+    checked = 0
+    for s_q, s_k in [(150, 150)] if causal else [(150, 150), (70, 130), (130, 70)]:
+        sri = random_sri(2, 2, s_k, causal, c, s_q=s_q, gen=gen).to(DEV)
+        mv = MaskVectors(sri, causal, s_q, s_k, torch.device(DEV))
+        r = torch.arange(s_q, device=DEV)[None, :, None]
+        lte = mv.lte if mv.has_lte else torch.full_like(mv.lts, s_q)
+        by_vec = (r >= mv.lts[:, None, :]) & (r < lte[:, None, :])  # [L, S_q, S_k]
+        if mv.has_ut:
+            uts = mv.uts if mv.has_uts else torch.zeros_like(mv.ute)
+            by_vec |= (r >= uts[:, None, :]) & (r < mv.ute[:, None, :])
+        for bm, bn in [(16, 16), (32, 16), (16, 32)]:
+            for by_key in (False, True):
+                idx, n_p, _, _, n_v = mv.block_lists(bm, bn, by_key)
+                for row in range(idx.shape[0]):
+                    for outer in range(idx.shape[1]):
+                        for pos in range(int(n_v[row, outer]), int(n_p[row, outer])):
+                            inner = int(idx[row, outer, pos])
+                            qb, kb = (inner, outer) if by_key else (outer, inner)
+                            tile = by_vec[row, qb * bm:(qb + 1) * bm, kb * bn:(kb + 1) * bn]
+                            assert not bool(tile.any()), (s_q, s_k, bm, bn, by_key, row, qb, kb)
+                            checked += 1
+    assert checked > 0
