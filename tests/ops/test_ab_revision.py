@@ -4,6 +4,7 @@ median of the per-repetition ratios."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 import pytest
@@ -34,6 +35,26 @@ def test_head_imports_beside_the_working_tree_and_agrees():
         outs.append([o.detach()] + [t.grad for t in leaves])
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b)
+
+
+@needs_checkout
+def test_each_version_runs_its_own_kernels(monkeypatch):
+    """The imported revision reaches its own ``dispatch`` (not the working tree's), through the eager function and
+    the public API; the working tree's calls never reach the revision's."""
+    base = ab.load_revision("HEAD")
+    base_dispatch = importlib.import_module(f"{base.__name__}.dispatch")
+    real_fwd, real_bwd = base_dispatch.forward, base_dispatch.backward
+    calls = []
+    monkeypatch.setattr(base_dispatch, "forward", lambda *a: calls.append("fwd") or real_fwd(*a))
+    monkeypatch.setattr(base_dispatch, "backward", lambda *a: calls.append("bwd") or real_bwd(*a))
+    q, k, v, do = make_qkv(1, 32, 32, 2, 1, 16, torch.float32, seed=6)
+    q.requires_grad_(True)
+    flashmask_attention_triton(q, k, v, None, True, 0.25, False)[0].backward(do)
+    assert calls == []
+    base.autograd.flashmask_attention_triton(q, k, v, None, True, 0.25, False)[0].backward(do)
+    assert calls == ["fwd", "bwd"]
+    base.flashmask_attention(q.detach(), k, v, None, causal=True, impl="triton")
+    assert calls == ["fwd", "bwd", "fwd"]
 
 
 @needs_checkout

@@ -9,7 +9,8 @@ base time / our time. Exactness is printed beside it: the largest difference of 
 versions, and between two runs of the base (the Gluon backward sums dQ in the order its tiles finish).
 
 Usage: ``python -m flashmask.benchmarks.ab_revision --base HEAD [--seqs 8192,16384] [--masks causal_vec,...]
-[--reps 30] [--head-dim 128 --heads 32 --kv-heads 32]`` from a git checkout, on one CUDA GPU.
+[--reps 30] [--head-dim 128] [--heads 32] [--kv-heads N (default: --heads)]`` from a git checkout, on one CUDA
+GPU.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ _LOADED: dict[str, object] = {}
 
 def load_revision(rev: str, repo: Path = REPO):
     """The ``flashmask`` package of git revision ``rev`` of ``repo``, imported as ``flashmask_ab_<sha[:10]>``
-    (cached per commit; its benchmarks are left out). The package imports its own modules relatively, so the two
-    versions share nothing but torch and Triton.
+    (cached per commit; its benchmarks are left out). The package imports its own modules relatively and names its
+    custom ops after itself, so each version runs its own code; they share the environment knobs
+    (``FLASHMASK_FWD`` / ``FLASHMASK_BWD``) and the preprocessed mask cached on an index tensor, so give each
+    version its own copy of the index tensor.
 
     Raises:
-        ValueError: ``repo`` is not a git checkout, ``rev`` names no commit, or the commit has no
-            ``ops/flashmask`` (the message names which).
+        ValueError: ``rev`` is not a commit of the checkout ``repo`` (or ``repo`` is no checkout), or the commit
+            has no ``ops/flashmask/autograd.py`` to compare with.
     """
     def git(*args) -> bytes:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
@@ -68,6 +71,8 @@ def load_revision(rev: str, repo: Path = REPO):
             if rel.parts[0] != "benchmarks":
                 member.name = str(Path(name) / rel)
                 tar.extract(member, root, filter="data")
+    if not (root / name / "autograd.py").is_file():
+        raise ValueError(f"ab_revision: commit {sha[:10]} ({rev}) has no ops/flashmask/autograd.py to compare with")
     sys.path.insert(0, str(root))
     try:
         pkg = importlib.import_module(name)
