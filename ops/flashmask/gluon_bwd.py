@@ -410,4 +410,4 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], b * h_k, hc, scale * log2e,
         scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
         HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
-    return dq_from_accum(dq_accum, scale, q), dk, dv  # one layout: a contiguous elementwise pass
+    return dq_from_accum(dq_accum, scale, q.dtype), dk, dv  # one layout: a contiguous elementwise pass

@@ -10,10 +10,9 @@ the exponentials run. This kernel keeps them busy the way FlashAttention-3 does:
   the forward visit list of ``MaskVectors.block_lists``: partially masked blocks first, then unmasked ones) a
   consumer issues S_t = Q_w K_t^T and O_w += P_{t-1} V_{t-1} asynchronously, then runs the element mask (partial
   blocks only: causal, and FlashMask's LTS/LTE/UTS/UTE on the first ``n_vec_partial`` of them, the blocks the
-  vectors may mask) and the online softmax (log2 units) of S_t while the P V
-  product is still on the tensor cores (FlashAttention-3's intra-warpgroup overlap), then rescales O_w. At the
-  end O_w / l goes to shared memory and out by a TMA store, LSE (natural log, -inf on rows with no visible key)
-  by plain stores;
+  vectors may mask) and the online softmax (log2 units) of S_t while the P V product is still on the tensor
+  cores (FlashAttention-3's intra-warpgroup overlap), then rescales O_w. At the end O_w / l goes to shared memory
+  and out by a TMA store, LSE (natural log, -inf on rows with no visible key) by plain stores;
 - **loader** (4 warps, 24 registers): Q once, then K and V of each listed block by TMA into an ``NS``-stage ring
   (separate K and V barriers, so S can start before V lands) that both consumers release. The overlap holds
   two ring slots per consumer (K_t and V_{t-1}), so it needs ``NS = 3`` to keep a load in flight.

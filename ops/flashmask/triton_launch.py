@@ -106,11 +106,11 @@ def preprocess(o, do, lse, dlse, dq_accum=None):
     return delta, lse2
 
 
-def dq_from_accum(dq_accum, scale: float, like):
+def dq_from_accum(dq_accum, scale: float, dtype: torch.dtype):
     """dQ from the contiguous fp32 accumulator ``dq_accum`` (e.g. ``[B, S_q, H_q, D]``): ``dq_accum * scale``
-    rounded once to ``like.dtype`` (the same values as ``torch.mul(dq_accum, scale, out=dq)``, in one vectorised
-    pass), a new contiguous tensor of ``dq_accum``'s shape on its device (its layout, whatever ``like``'s strides)."""
-    dq = torch.empty(dq_accum.shape, dtype=like.dtype, device=dq_accum.device)
+    rounded once to ``dtype`` (the same values as ``torch.mul(dq_accum, scale, out=dq)``, in one vectorised pass),
+    a new contiguous tensor of ``dq_accum``'s shape on its device."""
+    dq = torch.empty(dq_accum.shape, dtype=dtype, device=dq_accum.device)
     n = dq_accum.numel()
     block = 4096
     launch(_flashmask_dq_convert_kernel, (triton.cdiv(n, block),), dq_accum, dq, scale, n, BLOCK=block,

@@ -91,9 +91,9 @@ def test_visit_order_starts_the_most_work_first(by_key):
 
 def test_vector_partial_blocks_come_first():
     """``n_vec_partial``: the partial blocks the vectors may mask are listed first; the rest are the blocks that
-    only the causal diagonal (or the key tail) cuts. Causal with an all-``S`` LTS vector: no block needs the vectors. Sliding
-    window of 256 at 64 x 64 tiles: each query block has its diagonal block (causal only) and one window-edge
-    block (vectors) partial."""
+    only the causal diagonal (or the key tail) cuts. Causal with an all-``S`` LTS vector: no block needs the
+    vectors. Sliding window of 256 at 64 x 64 tiles: each query block has its diagonal block (causal only) and one
+    window-edge block (vectors) partial."""
     s, dev = 1024, torch.device(DEV)
     all_s = torch.full((1, 1, s, 1), s, dtype=torch.int32, device=dev)
     mv = MaskVectors(all_s, True, s, s, dev)

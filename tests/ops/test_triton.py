@@ -331,10 +331,9 @@ def test_dq_from_accum_rounds_like_torch_mul(dtype):
     from flashmask.triton_launch import dq_from_accum
 
     acc = torch.randn(1, 37, 3, 50, generator=torch.Generator().manual_seed(0)).to(DEV) * 40
-    like = torch.empty(acc.shape, dtype=dtype, device=DEV)
-    expected = torch.empty_like(like)
+    expected = torch.empty(acc.shape, dtype=dtype, device=DEV)
     torch.mul(acc, 0.125 ** 0.5, out=expected)
-    dq = dq_from_accum(acc, 0.125 ** 0.5, like)
+    dq = dq_from_accum(acc, 0.125 ** 0.5, dtype)
     assert dq.dtype == dtype and dq.shape == acc.shape and torch.equal(dq, expected)
 
 

@@ -80,7 +80,7 @@ def main(argv=None) -> None:
             host_us(lambda: gluon_bwd.launch(do, q, k, v, lse2, delta, acc, mv.block_lists(*tiles, by_key=True),
                                              mv.visit_order(*tiles, by_key=True), mv, causal, sc, LOG2E),
                     big, args.calls),
-            host_us(lambda: dq_from_accum(acc, sc, q), big, args.calls),
+            host_us(lambda: dq_from_accum(acc, sc, q.dtype), big, args.calls),
         ]
         print(f"| {d} | {hk} | " + " | ".join(f"{m} ({lo})" for m, lo in row) + " |", flush=True)
 
