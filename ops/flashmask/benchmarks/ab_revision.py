@@ -92,6 +92,7 @@ def paired_speed(base_ms: list[float], ours_ms: list[float]) -> float:
 
 
 def geomean(xs) -> float:
+    """Geometric mean of positive numbers (speed ratios)."""
     xs = list(xs)
     return math.exp(sum(map(math.log, xs)) / len(xs))
 
