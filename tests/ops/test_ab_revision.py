@@ -63,6 +63,24 @@ def test_a_revision_that_names_no_commit_is_refused():
         ab.load_revision("no-such-revision")
 
 
+def test_a_directory_copy_imports_as_its_own_package_and_agrees(tmp_path):
+    import shutil
+
+    src = tmp_path / "variant"
+    shutil.copytree(ab.REPO / "ops" / "flashmask", src)
+    base = ab.load_revision(str(src))
+    assert base.__name__ == "flashmask_ab_dir_variant" and ab.load_revision(str(src)) is base
+    q, k, v, do = make_qkv(1, 32, 32, 2, 1, 16, torch.float32, seed=7)
+    outs = [attn(q, k, v, None, True, 0.25, False)[0]
+            for attn in (base.autograd.flashmask_attention_triton, flashmask_attention_triton)]
+    torch.testing.assert_close(*outs)
+
+
+def test_a_directory_without_the_package_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no autograd.py"):
+        ab.load_revision(str(tmp_path))
+
+
 def test_paired_speed_is_the_median_of_the_ratios():
     assert ab.paired_speed([2.0, 4.0, 6.0], [1.0, 4.0, 2.0]) == 2.0
     with pytest.raises(ValueError, match="equally long"):

@@ -8,7 +8,7 @@ back-to-back calls, and the speed of ours over the base is the median over repet
 base time / our time. Exactness is printed beside it: the largest difference of O and of dQ, dK, dV between the
 versions, and between two runs of the base (the Gluon backward sums dQ in the order its tiles finish).
 
-Usage: ``python -m flashmask.benchmarks.ab_revision --base HEAD [--seqs 8192,16384] [--masks causal_vec,...]
+Usage: ``python -m flashmask.benchmarks.ab_revision --base HEAD|DIR [--seqs 8192,16384] [--masks causal_vec,...]
 [--reps 30] [--head-dim 128] [--heads 32] [--kv-heads N (default: --heads)]`` from a git checkout, on one CUDA
 GPU.
 """
@@ -37,7 +37,9 @@ _LOADED: dict[str, object] = {}
 
 def load_revision(rev: str, repo: Path = REPO):
     """The ``flashmask`` package of git revision ``rev`` of ``repo``, imported as ``flashmask_ab_<sha[:10]>``
-    (cached per commit; its benchmarks are left out). The package imports its own modules relatively and names its
+    (cached per commit; its benchmarks are left out). ``rev`` may also be a directory holding a copy of
+    ``ops/flashmask`` (a machine that has the working tree but not its ``.git``); it imports as
+    ``flashmask_ab_dir_<name>``. The package imports its own modules relatively and names its
     custom ops after itself, so each version runs its own code; they share the environment knobs
     (``FLASHMASK_FWD`` / ``FLASHMASK_BWD``) and the preprocessed mask cached on an index tensor, so give each
     version its own copy of the index tensor.
@@ -46,6 +48,10 @@ def load_revision(rev: str, repo: Path = REPO):
         ValueError: ``rev`` is not a commit of the checkout ``repo`` (or ``repo`` is no checkout), or the commit
             has no ``ops/flashmask/autograd.py`` to compare with.
     """
+    src = Path(rev)
+    if src.is_dir():
+        return _load_directory(src)
+
     def git(*args) -> bytes:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
 
@@ -73,13 +79,33 @@ def load_revision(rev: str, repo: Path = REPO):
                 tar.extract(member, root, filter="data")
     if not (root / name / "autograd.py").is_file():
         raise ValueError(f"ab_revision: commit {sha[:10]} ({rev}) has no ops/flashmask/autograd.py to compare with")
+    _LOADED[sha] = _import(root, name)
+    return _LOADED[sha]
+
+
+def _load_directory(src: Path):
+    """``load_revision`` of a directory copy of ``ops/flashmask``."""
+    src = src.resolve()
+    if not (src / "autograd.py").is_file():
+        raise ValueError(f"ab_revision: {src} holds no autograd.py; pass a copy of ops/flashmask or a git revision")
+    key = str(src)
+    if key in _LOADED:
+        return _LOADED[key]
+    name = "flashmask_ab_dir_" + "".join(c if c.isalnum() else "_" for c in src.name)
+    root = Path(tempfile.mkdtemp(prefix="flashmask_ab_"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("benchmarks", "__pycache__"))
+    _LOADED[key] = _import(root, name)
+    return _LOADED[key]
+
+
+def _import(root: Path, name: str):
     sys.path.insert(0, str(root))
     try:
         pkg = importlib.import_module(name)
         importlib.import_module(f"{name}.autograd")
     finally:
         sys.path.remove(str(root))
-    _LOADED[sha] = pkg
     return pkg
 
 
@@ -135,7 +161,8 @@ def main(argv=None) -> None:
     from flashmask.benchmarks.bench_attention import V3_MASKS, V3_OVER_FLEX, build_v3_mask
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", default="HEAD", help="git revision to compare the working tree with (default HEAD)")
+    p.add_argument("--base", default="HEAD", help="git revision (or a directory copy of ops/flashmask) to compare "
+                   "the working tree with (default HEAD)")
     p.add_argument("--seqs", default="8192,16384")
     p.add_argument("--masks", default=",".join(V3_MASKS), help=f"from {V3_MASKS}")
     p.add_argument("--reps", type=int, default=30)
