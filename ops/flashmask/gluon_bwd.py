@@ -14,8 +14,8 @@ per (key block of ``BLOCK_N`` = 128 keys, batch * KV head):
   exchange). dQ is split by head-dim halves as in FlashAttention-3: both warpgroups write their dS^T rows into
   one double-buffered [128 keys, 64 queries] tile (``ds_ready`` / ``ds_free`` mbarriers, two arrivals each),
   then warpgroup ``w`` computes dQ[:, w*64 : w*64+64] = dS K[:, those columns] over all 128 keys and adds it
-  into the fp32 ``dq_accum`` by a TMA reduce-add (``cp.reduce.async.bulk.tensor``) from its own fp32 staging
-  tile; the scaled cast to the output dtype is one vectorised pass afterwards (``triton_launch.dq_from_accum``);
+  into the fp32 ``dq_accum`` by one TMA reduce-add (``cp.reduce.async.bulk.tensor``) of 16 KB from its own fp32
+  staging tile; the scaled cast to the output dtype is one pass afterwards (``triton_launch.dq_from_tiles``);
 - **loader** (4 warps, 24 registers): TMA loads of Q, dO, LSE and Delta into a two-stage ring that both
   consumers release.
 
@@ -24,8 +24,11 @@ partial tiles, so the reduce-add traffic is half that of per-consumer [64, 128] 
 H200); dV and dK run under the dS arithmetic and the dS exchange. At D = 64 a half (32 columns, 64 bytes) is
 narrower than the 128-byte swizzle of a bf16 row and cannot be an MMA operand: there each consumer computes dQ
 over its own 64 keys and all head dims from its own dS^T (no exchange) and both add their [64, 64] tiles.
-``dq_accum`` has q's layout ``[B, S, H, D]`` and is zeroed by the Delta preprocessing pass. Programs start longest
-first (:func:`lpt_program` over ``MaskVectors.visit_order``).
+``dq_accum`` holds one contiguous 64 x 64 tile per (batch, query head, query block, 64 head dims) in the order a
+warpgroup's accumulator registers store without bank conflicts (``triton_bwd.DQ_TILE_BASES``; FlashAttention-3's
+dQaccum): against q's ``[B, S, H, D]`` layout, which needs two reduce-adds per tile and two-way bank conflicts in
+the staging stores, 1.047x forward+backward over V3's masks at 8K. It is zeroed by the Delta preprocessing pass.
+Programs start longest first (:func:`lpt_program` over ``MaskVectors.visit_order``).
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
 FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 at
@@ -41,9 +44,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
+from triton.runtime.jit import constexpr_function
 
 from . import launch_cache
-from .triton_launch import dq_from_accum
+from .triton_bwd import DQ_TILE_BASES
+from .triton_launch import dq_from_tiles
 
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
@@ -58,6 +63,13 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     to compile, and ``dispatch.backward`` then falls back to the Triton backward."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@constexpr_function
+def dq_tile_layout():
+    """The shared layout of a 64 x 64 dQ tile staged for its reduce-add: the accumulator's own order
+    (``triton_bwd.DQ_TILE_BASES``), so that each 8-byte store of a warp writes 256 contiguous bytes."""
+    return gl.SharedLinearLayout([list(b) for b in DQ_TILE_BASES])
 
 
 @gluon.jit
@@ -151,7 +163,7 @@ def _loader(q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, de
 
 @gluon.jit
 def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-              ds_ready, ds_free, dq_bufs, dq_desc, q_row0, dq_col0, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot,
+              ds_ready, ds_free, dq_bufs, dq_desc, dq_tile0, NUM_M, dk_desc, dv_desc, kv_row, kv_col, IDX, n_part, n_tot,
               f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G: gl.constexpr, D: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr,
               HAS_UTS: gl.constexpr):
@@ -170,7 +182,9 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
     k_w = k_smem.slice(w * KW, KW, dim=0)
     v_w = v_smem.slice(w * KW, KW, dim=0)
     k_cols = k_smem.slice(w * DQ_N, DQ_N, dim=1) if not SPLIT_KEYS else k_w  # [keys, DQ_N] of this dQ part
-    dq_w = dq_bufs.index(w)  # [BLOCK_M, DQ_N] fp32: staging of this warpgroup's dQ part for the reduce-add
+    dq_w = dq_bufs.index(w)  # this warpgroup's fp32 dQ tile as the reduce-add moves it: [16, 256], unswizzled
+    dq_tile = dq_w._reinterpret(gl.float32, [BLOCK_M, DQ_N], dq_tile_layout())  # the same bytes by (query, dim)
+    NPARTS: gl.constexpr = D // DQ_N
     dk = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     dv = gl.zeros([KW, D], gl.float32, layout=mma_kd)
     zero_s = gl.zeros([KW, BLOCK_M], gl.float32, layout=mma_s)
@@ -242,10 +256,11 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
             mbarrier.arrive(ds_free.index(t % 2), count=1)
         mbarrier.arrive(q_empty.index(s), count=1)  # one of the two consumers' arrivals
         tma.store_wait(0)  # the previous visit's reduce-add has read dq_w
-        dq_w.store(dq)
+        dq_tile.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [q_row0 + m * BLOCK_M, dq_col0 + g * D + (0 if SPLIT_KEYS else w * DQ_N)], dq_w)
+        tile = (dq_tile0 + g * NUM_M + m) * NPARTS + (0 if SPLIT_KEYS else w)
+        _tma_reduce_add(dq_desc, [tile * dq_w.shape[0], 0], dq_w)
     # K_w and V_w stage this warpgroup's dK and dV for the TMA stores, once the other warpgroup's last dQ product
     # (which reads all of K) is done
     if not SPLIT_KEYS:
@@ -275,8 +290,8 @@ def flashmask_bwd_gluon_kernel(
     24).
     Descriptors over ``[B*S, H*D]`` views: q / do boxes ``[BLOCK_M, D]``, k / v ``[BLOCK_N, D]``, dk / dv
     ``[BLOCK_N // 2, D]``; lse (log2 units, +inf on empty rows) and delta fp32 ``[B*H_q*S_q/BLOCK_M, BLOCK_M]``,
-    boxes ``[1, BLOCK_M]``; dq over the zeroed fp32 accumulator ``[B*S_q, H_q*D]`` (q's layout), boxes
-    ``[BLOCK_M, D // 2]`` (``[BLOCK_M, D]`` at D = 64).
+    boxes ``[1, BLOCK_M]``; dq over the zeroed tiled fp32 accumulator (``triton_bwd.DQ_TILE_BASES``) seen as
+    ``[B*S_q*H_q*D/256, 256]``, unswizzled boxes ``[16, 256]`` (one 64 x 64 tile).
     ``IDX`` / ``NPART`` / ``NFULL`` / ``FLO``: the dK/dV visit lists for tiles ``(BLOCK_M, BLOCK_N)`` (one table
     per (batch, mask head) with a mask, one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``,
     D in ``HEAD_DIMS``.
@@ -300,7 +315,7 @@ def flashmask_bwd_gluon_kernel(
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dt)
     ds_bufs = gl.allocate_shared_memory(dt, [2, BLOCK_N, BLOCK_M], ds_layout)  # dS^T of two visits
     DQ_N: gl.constexpr = D if D < 128 else D // 2
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_N], dq_desc.layout)  # per warpgroup
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)  # per warpgroup
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -318,46 +333,51 @@ def flashmask_bwd_gluon_kernel(
     tma.async_copy_global_to_shared(k_desc, [kv_row, hk * D], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [kv_row, hk * D], kv_bar, v_smem)
     vec_off = bm * S_k
+    dq_tile0 = (b * H_q + hk * G) * NUM_M  # the dQ tile of query head hk * G, query block 0 (times D // DQ_N)
     gl.warp_specialize([
         (_consumer, (0, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     ds_ready, ds_free, dq_bufs, dq_desc, b * S_q, hk * G * D, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
-                     n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
+                     ds_ready, ds_free, dq_bufs, dq_desc, dq_tile0, NUM_M, dk_desc, dv_desc, kv_row, hk * D,
+                     IDX_row, n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
                      HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_consumer, (1, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty, ds_bufs,
-                     ds_ready, ds_free, dq_bufs, dq_desc, b * S_q, hk * G * D, dk_desc, dv_desc, kv_row, hk * D, IDX_row,
-                     n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
+                     ds_ready, ds_free, dq_bufs, dq_desc, dq_tile0, NUM_M, dk_desc, dv_desc, kv_row, hk * D,
+                     IDX_row, n_part, n_tot, f_lo, n, LTS, LTE, UTS, UTE, vec_off, qk_scale, sm_scale, G, D, CAUSAL,
                      HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)),
         (_loader, (q_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, q_ready, q_empty,
                    IDX_row, n_part, n_tot, f_lo, b, hk, S_q, H_q, G, D)),
     ], [4, 4], [240, 24])
 
 
-def _nvmma_layout(block: tuple, dtype):
-    """The default NVMMA shared layout of a ``block`` box of torch ``dtype`` (built once per descriptor geometry:
-    :func:`tensor_desc` keeps the fields)."""
+def _nvmma_layout(block: tuple, dtype, swizzle: bool = True):
+    """The default NVMMA shared layout of a ``block`` box of torch ``dtype``, or the unswizzled one (built once per
+    descriptor geometry: :func:`tensor_desc` keeps the fields)."""
     import torch
 
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    if not swizzle:
+        return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=dt.primitive_bitwidth, rank=len(block))
     return gl.NVMMASharedLayout.get_default_for(list(block), dt)
 
 
-_DESC_FIELDS: dict = {}  # (rows, cols, block, dtype) -> the fields of a validated descriptor, base left out
+_DESC_FIELDS: dict = {}  # (rows, cols, block, dtype, swizzle) -> the fields of a validated descriptor, no base
 
 
-def tensor_desc(t, rows: int, cols: int, block: list[int]):
+def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True):
     """A Gluon TMA descriptor over ``t`` viewed as ``[rows, cols]`` with ``block`` boxes and the default
-    NVMMA shared layout; ``t`` contiguous bf16 / fp16 / fp32 with ``rows * cols`` elements (``ValueError``
-    otherwise). Triton validates the first descriptor of each geometry; later ones copy its fields and swap the
-    base (a launch builds up to nine, and validation is most of their host cost)."""
+    NVMMA shared layout (unswizzled with ``swizzle=False``); ``t`` contiguous bf16 / fp16 / fp32 with
+    ``rows * cols`` elements (``ValueError`` otherwise). Triton validates the first descriptor of each geometry;
+    later ones copy its fields and swap the base (a launch builds up to nine, and validation is most of their host
+    cost)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if not t.is_contiguous() or t.numel() != rows * cols:
         raise ValueError(f"gluon_bwd.tensor_desc: a contiguous tensor of {rows} x {cols} elements is needed; got "
                          f"shape {tuple(t.shape)}, strides {t.stride()}")
-    key = (rows, cols, tuple(block), t.dtype)
+    key = (rows, cols, tuple(block), t.dtype, swizzle)
     fields = _DESC_FIELDS.get(key)
     if fields is None or t.data_ptr() % 16:
-        desc = TensorDescriptor(t, [rows, cols], [cols, 1], list(block), _nvmma_layout(tuple(block), t.dtype))
+        layout = _nvmma_layout(tuple(block), t.dtype, swizzle)
+        desc = TensorDescriptor(t, [rows, cols], [cols, 1], list(block), layout)
         if hasattr(desc, "__dict__"):
             _DESC_FIELDS[key] = dict(desc.__dict__, base=None)
         return desc
@@ -374,7 +394,8 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, D]`` bf16 / fp16 on an sm_90 GPU, D in ``HEAD_DIMS``,
             ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_bwd_eligible`` checks all of it).
         lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_launch.preprocess``.
-        dq_accum: zeroed fp32 ``[B, S_q, H_q, D]`` (``preprocess`` zeroes it in its pass over O and dO).
+        dq_accum: zeroed fp32, ``B * S_q * H_q * D`` elements (``preprocess`` zeroes it in its pass over O and
+            dO), written as tiles (``triton_bwd.DQ_TILE_BASES``).
         lists: ``(idx, n_part, n_full, full_lo, n_vec_partial)``, ``mv.block_lists(BLOCK_M, BLOCK_N,
             by_key=True)`` (``n_vec_partial`` unused: the backward applies the whole mask on every partial block);
         order: ``mv.visit_order(BLOCK_M, BLOCK_N, by_key=True)``.
@@ -406,8 +427,8 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
         desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
-        desc(dq_accum, b * s_q, h_q * d, [bm, d if d < 128 else d // 2]), mv.lts, mv.lte, mv.uts, mv.ute, idx,
+        desc(dq_accum, dq_accum.numel() // 256, 256, [16, 256], swizzle=False), mv.lts, mv.lte, mv.uts, mv.ute, idx,
         n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], b * h_k, hc, scale * log2e,
         scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
         HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
-    return dq_from_accum(dq_accum, scale, q.dtype), dk, dv  # one layout: a contiguous elementwise pass
+    return dq_from_tiles(dq_accum, scale, q.dtype, q.shape), dk, dv

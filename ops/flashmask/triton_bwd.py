@@ -197,15 +197,32 @@ def _flashmask_bwd_dq_kernel(
            (dq * sm_scale).to(DQ.dtype.element_ty), q_mask, EVEN)
 
 
+# The Gluon backward's fp32 dQ accumulator holds one contiguous 64 x 64 tile per (batch, query head, query block of
+# 64, part of 64 head dims), laid out as a warpgroup's wgmma accumulator registers can store it: offset bit i holds
+# the tile coordinate DQ_TILE_BASES[i] (row, column), i.e. [4 row groups][8 column groups][16 rows][8 columns]. A warp
+# then stages its part with 8-byte stores of 256 contiguous bytes each (no bank conflict) and each warpgroup adds its
+# tile with one bulk reduce-add of 16 KB (FlashAttention-3's dQaccum).
+DQ_TILE = 64
+DQ_TILE_BASES = [(0, 1), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (8, 0), (0, 8), (0, 16), (0, 32), (16, 0), (32, 0)]
+
+
 @triton.jit
-def _flashmask_dq_convert_kernel(ACC, DQ, scale, N, BLOCK: tl.constexpr):
-    """``DQ = (ACC * scale).to(DQ's dtype)`` over ``N`` contiguous elements: the Gluon backward's fp32 dQ
-    accumulator to the output dtype. ``torch.mul(acc, scale, out=dq)`` runs an unvectorised kernel when the
-    dtypes differ (about 3 TB/s on an H200); this one moves 16-byte loads (about 3.8 TB/s). One program per
-    ``BLOCK`` elements."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < N
-    tl.store(DQ + offs, (tl.load(ACC + offs, mask=inb) * scale).to(DQ.dtype.element_ty), mask=inb)
+def _flashmask_dq_from_tiles_kernel(ACC, DQ, scale, S_q, H_q, NUM_M, D: tl.constexpr, TILE: tl.constexpr):
+    """``DQ [B, S_q, H_q, D] = (ACC * scale).to(DQ's dtype)`` from the tiled fp32 accumulator (``DQ_TILE_BASES``),
+    one program per (query block x head-dim part, batch * head)."""
+    NPARTS: tl.constexpr = D // TILE
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    m = t // NPARTS
+    part = t % NPARTS
+    tile = (bh * NUM_M + m) * NPARTS + part
+    # the tile in its own order ([row group, column group, row, column], contiguous loads), then rows and columns
+    acc = tl.load(ACC + tile.to(tl.int64) * (TILE * TILE) + tl.arange(0, TILE * TILE))
+    acc = tl.reshape(tl.permute(tl.reshape(acc, [4, 8, 16, 8]), [0, 2, 1, 3]), [TILE, TILE])
+    r = tl.arange(0, TILE)[:, None]
+    c = tl.arange(0, TILE)[None, :]
+    rows = ((bh // H_q) * S_q + m * TILE + r).to(tl.int64)
+    tl.store(DQ + (rows * H_q + bh % H_q) * D + part * TILE + c, (acc * scale).to(DQ.dtype.element_ty))
 
 
 @triton.jit
@@ -214,9 +231,10 @@ def _flashmask_bwd_preprocess_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):
     """Delta = rowsum(dO * O) - dLSE (fp32; a non-finite dLSE counts as 0) and LSE in log2 units (+inf for
-    empty rows, whose LSE is -inf), both ``[B*H_q, S_q]``; with ``ZERO_DQ`` also zeroes the same rows of the
-    fp32 dQ accumulator ``DQ`` ``[B, S_q, H_q, D]`` (the Gluon backward's, which it reduce-adds into: one pass
-    instead of a separate fill). One program per (row block, batch * head)."""
+    empty rows, whose LSE is -inf), both ``[B*H_q, S_q]``; with ``ZERO_DQ`` also zeroes a share of the fp32 dQ
+    accumulator ``DQ`` (``B * S_q * H_q * D`` elements, indexed as ``[B, S_q, H_q, D]``; all programs together cover
+    every element, so the Gluon backward's tile order needs no other fill). One program per (row block,
+    batch * head)."""
     m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H_q

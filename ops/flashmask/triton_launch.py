@@ -12,8 +12,8 @@ import triton
 
 from .env import interpreting
 from .launch_config import LOG2E, bwd_config, dp_first, fwd_config, launch, pow2
-from .triton_bwd import (_flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel, _flashmask_bwd_preprocess_kernel,
-                         _flashmask_dq_convert_kernel)
+from .triton_bwd import (DQ_TILE, _flashmask_bwd_dkdv_kernel, _flashmask_bwd_dq_kernel,
+                         _flashmask_bwd_preprocess_kernel, _flashmask_dq_from_tiles_kernel)
 from .triton_fwd import _flashmask_fwd_kernel
 from .triton_prep import MaskVectors
 
@@ -92,7 +92,8 @@ def triton_forward(q, k, v, mv: MaskVectors, causal: bool, scale: float):
 def preprocess(o, do, lse, dlse, dq_accum=None):
     """``(delta, lse2)``, fp32 ``[B, H_q, S_q]``: Delta = rowsum(dO * O) - dLSE (a non-finite dLSE counts as 0) and
     the LSE in log2 units (+inf on empty rows), in one pass over O and dO; the input of both backward kernels.
-    ``dq_accum`` (contiguous fp32 ``[B, S_q, H_q, D]``, optional) is zeroed in the same pass."""
+    ``dq_accum`` (contiguous fp32, ``B * S_q * H_q * D`` elements in any layout, optional) is zeroed in the same
+    pass."""
     b, s_q, h_q, d = o.shape
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
@@ -106,15 +107,16 @@ def preprocess(o, do, lse, dlse, dq_accum=None):
     return delta, lse2
 
 
-def dq_from_accum(dq_accum, scale: float, dtype: torch.dtype):
-    """dQ from the contiguous fp32 accumulator ``dq_accum`` (e.g. ``[B, S_q, H_q, D]``): ``dq_accum * scale``
-    rounded once to ``dtype`` (the same values as ``torch.mul(dq_accum, scale, out=dq)``, in one vectorised pass),
-    a new contiguous tensor of ``dq_accum``'s shape on its device."""
-    dq = torch.empty(dq_accum.shape, dtype=dtype, device=dq_accum.device)
-    n = dq_accum.numel()
-    block = 4096
-    launch(_flashmask_dq_convert_kernel, (triton.cdiv(n, block),), dq_accum, dq, scale, n, BLOCK=block,
-           num_warps=8)
+def dq_from_tiles(dq_accum, scale: float, dtype: torch.dtype, shape):
+    """dQ ``[B, S_q, H_q, D]`` (``shape``; S_q and D multiples of 64) in ``dtype`` from the Gluon backward's tiled fp32
+    accumulator (``triton_bwd.DQ_TILE_BASES``, as many elements): ``dq_accum * scale`` rounded once, in one pass."""
+    b, s_q, h_q, d = shape
+    if s_q % DQ_TILE or d % DQ_TILE or dq_accum.numel() != b * s_q * h_q * d:
+        raise ValueError(f"dq_from_tiles: needs S_q and D multiples of {DQ_TILE} and {b * s_q * h_q * d} "
+                         f"accumulator elements; got shape {tuple(shape)}, {dq_accum.numel()} elements")
+    dq = torch.empty(shape, dtype=dtype, device=dq_accum.device)
+    launch(_flashmask_dq_from_tiles_kernel, (s_q // DQ_TILE * (d // DQ_TILE), b * h_q), dq_accum, dq, scale, s_q,
+           h_q, s_q // DQ_TILE, D=d, TILE=DQ_TILE, num_warps=4)
     return dq
 
 

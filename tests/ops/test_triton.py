@@ -324,17 +324,35 @@ def test_tma_descriptor_path(monkeypatch, causal, c):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_dq_from_accum_rounds_like_torch_mul(dtype):
-    """The dQ conversion kernel gives the values of ``torch.mul(acc, scale, out=dq)`` (one rounding), on a
-    length that is not a multiple of its block."""
-    from flashmask.triton_launch import dq_from_accum
+def _tiles_from_dense(dq, tile: int, bases):
+    """The tiled accumulator layout of ``triton_bwd.DQ_TILE_BASES`` built from a dense ``[B, S, H, D]`` tensor in
+    plain PyTorch: offset bit i of a tile holds coordinate bases[i]."""
+    b, s, h, d = dq.shape
+    offs = torch.arange(tile * tile)
+    rows = sum(((offs >> i) & 1) * r for i, (r, _) in enumerate(bases))
+    cols = sum(((offs >> i) & 1) * c for i, (_, c) in enumerate(bases))
+    tiles = dq.reshape(b, s // tile, tile, h, d // tile, tile).permute(0, 3, 1, 4, 2, 5)  # b h m part r c
+    return tiles[..., rows, cols].contiguous().reshape(-1)
 
-    acc = torch.randn(1, 37, 3, 50, generator=torch.Generator().manual_seed(0)).to(DEV) * 40
-    expected = torch.empty(acc.shape, dtype=dtype, device=DEV)
-    torch.mul(acc, 0.125 ** 0.5, out=expected)
-    dq = dq_from_accum(acc, 0.125 ** 0.5, dtype)
-    assert dq.dtype == dtype and dq.shape == acc.shape and torch.equal(dq, expected)
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_from_tiles_reads_the_tiled_accumulator_and_rounds_like_torch_mul(d):
+    """The Gluon backward's tiled dQ accumulator converts to ``[B, S, H, D]``: every element lands where the tile
+    layout (``DQ_TILE_BASES``, a bijection of the 4096 offsets) puts it, rounded once like ``torch.mul``."""
+    from flashmask.triton_bwd import DQ_TILE, DQ_TILE_BASES
+    from flashmask.triton_launch import dq_from_tiles
+
+    assert sorted(r * DQ_TILE + c for r, c in (
+        (sum(((o >> i) & 1) * br for i, (br, _) in enumerate(DQ_TILE_BASES)),
+         sum(((o >> i) & 1) * bc for i, (_, bc) in enumerate(DQ_TILE_BASES))) for o in range(DQ_TILE ** 2))) \
+        == list(range(DQ_TILE ** 2))
+    dense = torch.randn(2, 128, 3, d, generator=torch.Generator().manual_seed(1)) * 40
+    acc = _tiles_from_dense(dense, DQ_TILE, DQ_TILE_BASES).to(DEV)
+    expected = torch.empty(dense.shape, dtype=torch.float16, device=DEV)
+    torch.mul(dense.to(DEV), 0.125 ** 0.5, out=expected)
+    assert torch.equal(dq_from_tiles(acc, 0.125 ** 0.5, torch.float16, dense.shape), expected)
+    with pytest.raises(ValueError, match="multiples of 64"):
+        dq_from_tiles(acc[:100], 1.0, torch.float16, (1, 100, 1, 1))
 
 
 def test_torch_reference_preprocessing_gives_the_same_attention(monkeypatch):

@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     from flashmask.benchmarks.bench_attention import build_v3_mask
     from flashmask.launch_config import LOG2E
     from flashmask.mask_cache import mask_vectors
-    from flashmask.triton_launch import dq_from_accum, preprocess
+    from flashmask.triton_launch import dq_from_tiles, preprocess
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mask", default="v3_causal_document")
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
             host_us(lambda: gluon_bwd.launch(do, q, k, v, lse2, delta, acc, mv.block_lists(*tiles, by_key=True),
                                              mv.visit_order(*tiles, by_key=True), mv, causal, sc, LOG2E),
                     big, args.calls),
-            host_us(lambda: dq_from_accum(acc, sc, q.dtype), big, args.calls),
+            host_us(lambda: dq_from_tiles(acc, sc, q.dtype, q.shape), big, args.calls),
         ]
         print(f"| {d} | {hk} | " + " | ".join(f"{m} ({lo})" for m, lo in row) + " |", flush=True)
 
