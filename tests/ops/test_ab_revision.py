@@ -66,19 +66,24 @@ def test_a_revision_that_names_no_commit_is_refused():
 def test_a_directory_copy_imports_as_its_own_package_and_agrees(tmp_path):
     import shutil
 
-    src = tmp_path / "variant"
+    src, other = tmp_path / "variant", tmp_path / "elsewhere" / "variant"
     shutil.copytree(ab.REPO / "ops" / "flashmask", src)
+    shutil.copytree(ab.REPO / "ops" / "flashmask", other)
     base = ab.load_revision(str(src))
-    assert base.__name__ == "flashmask_ab_dir_variant" and ab.load_revision(str(src)) is base
+    assert base.__name__.startswith("flashmask_ab_dir_variant_") and ab.load_revision(str(src)) is base
+    assert ab.load_revision(str(other)) is not base  # another copy of the same folder name is its own package
     q, k, v, do = make_qkv(1, 32, 32, 2, 1, 16, torch.float32, seed=7)
     outs = [attn(q, k, v, None, True, 0.25, False)[0]
             for attn in (base.autograd.flashmask_attention_triton, flashmask_attention_triton)]
     torch.testing.assert_close(*outs)
 
 
-def test_a_directory_without_the_package_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="no autograd.py"):
-        ab.load_revision(str(tmp_path))
+@needs_checkout
+def test_a_directory_or_file_without_the_package_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    for path in (tmp_path, tmp_path / "notes.txt"):
+        with pytest.raises(ValueError, match="nor a directory holding a copy of ops/flashmask"):
+            ab.load_revision(str(path))
 
 
 def test_paired_speed_is_the_median_of_the_ratios():

@@ -141,14 +141,14 @@ def test_forward_dispatch(monkeypatch):
         _out()
 
 
-@pytest.mark.parametrize("shape,dtype,rows,cols,block", [
-    ((2, 256, 4, 128), torch.bfloat16, 512, 512, [64, 128]),  # q / dO: [B*S, H*D], [BLOCK_M, D] boxes
-    ((2, 256, 2, 128), torch.float16, 512, 256, [64, 128]),  # dk / dv boxes of the GQA case
-    ((2, 256, 4, 128), torch.float32, 512, 512, [64, 64]),  # the fp32 dQ accumulator [B*S, H*D], D/2 boxes
-    ((2, 256, 4, 64), torch.float32, 512, 256, [64, 64]),  # at D = 64: [BLOCK_M, D] boxes
-    ((2, 4, 256), torch.float32, 32, 64, [1, 64]),  # LSE / Delta rows
+@pytest.mark.parametrize("shape,dtype,rows,cols,block,swizzle", [
+    ((2, 256, 4, 128), torch.bfloat16, 512, 512, [64, 128], True),  # q / dO: [B*S, H*D], [BLOCK_M, D] boxes
+    ((2, 256, 2, 128), torch.float16, 512, 256, [64, 128], True),  # dk / dv boxes of the GQA case
+    ((2, 256, 4, 128), torch.float32, 1024, 256, [16, 256], False),  # the fp32 dQ tiles: one unswizzled box each
+    ((2, 256, 4, 64), torch.float32, 512, 256, [16, 256], False),  # the same at D = 64
+    ((2, 4, 256), torch.float32, 32, 64, [1, 64], True),  # LSE / Delta rows
 ])
-def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):
+def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block, swizzle):
     """The launcher's descriptors (the first of a geometry validated by Triton, the next ones copies with another
     base) describe the same memory, box and layout as Gluon's own ``TensorDescriptor.from_tensor`` over a view (a
     slower way to build them), and a strided tensor is refused."""
@@ -161,8 +161,10 @@ def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block):
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     first, second = torch.zeros(shape, dtype=dtype), torch.ones(shape, dtype=dtype)
     for t in (first, second):  # the second one copies the validated fields of the first
-        got = gluon_bwd.tensor_desc(t, rows, cols, block)
-        ref = TensorDescriptor.from_tensor(t.view(rows, cols), block, gl.NVMMASharedLayout.get_default_for(block, dt))
+        got = gluon_bwd.tensor_desc(t, rows, cols, block, swizzle=swizzle)
+        layout = (gl.NVMMASharedLayout.get_default_for(block, dt) if swizzle else
+                  gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=dt.primitive_bitwidth, rank=2))
+        ref = TensorDescriptor.from_tensor(t.view(rows, cols), block, layout)
         assert got.base is t and got.base.data_ptr() == ref.base.data_ptr()
         assert (list(got.shape), list(got.strides), list(got.block_shape)) == (list(ref.shape), list(ref.strides),
                                                                               list(ref.block_shape))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import hashlib
 import importlib
 import io
 import math
@@ -37,20 +38,19 @@ _LOADED: dict[str, object] = {}
 
 def load_revision(rev: str, repo: Path = REPO):
     """The ``flashmask`` package of git revision ``rev`` of ``repo``, imported as ``flashmask_ab_<sha[:10]>``
-    (cached per commit; its benchmarks are left out). ``rev`` may also be a directory holding a copy of
-    ``ops/flashmask`` (a machine that has the working tree but not its ``.git``); it imports as
-    ``flashmask_ab_dir_<name>``. The package imports its own modules relatively and names its
+    (cached per commit; its benchmarks are left out). ``rev`` may also be a directory (relative to the current
+    one) holding a copy of ``ops/flashmask``, recognised by its ``autograd.py`` (for a machine that has the working
+    tree but not its ``.git``); it imports as ``flashmask_ab_dir_<name>_<hash of its path>``. The package imports its own modules relatively and names its
     custom ops after itself, so each version runs its own code; they share the environment knobs
     (``FLASHMASK_FWD`` / ``FLASHMASK_BWD``) and the preprocessed mask cached on an index tensor, so give each
     version its own copy of the index tensor.
 
     Raises:
-        ValueError: ``rev`` is not a commit of the checkout ``repo`` (or ``repo`` is no checkout), or the commit
-            has no ``ops/flashmask/autograd.py`` to compare with.
+        ValueError: ``rev`` is neither such a directory nor a commit of the checkout ``repo`` (or ``repo`` is no
+            checkout), or the commit has no ``ops/flashmask/autograd.py`` to compare with.
     """
-    src = Path(rev)
-    if src.is_dir():
-        return _load_directory(src)
+    if (Path(rev) / "autograd.py").is_file():
+        return _load_directory(Path(rev))
 
     def git(*args) -> bytes:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
@@ -58,8 +58,9 @@ def load_revision(rev: str, repo: Path = REPO):
     try:
         sha = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
     except (subprocess.CalledProcessError, FileNotFoundError) as e:
-        raise ValueError(f"ab_revision: {rev!r} is not a commit of the git checkout {repo} (git rev-parse failed; "
-                         f"pass a revision such as HEAD, HEAD~1 or a commit hash)") from e
+        raise ValueError(f"ab_revision: {rev!r} is not a commit of the git checkout {repo} (git rev-parse failed) "
+                         f"nor a directory holding a copy of ops/flashmask (no autograd.py in it); pass a revision "
+                         f"such as HEAD, HEAD~1 or a commit hash, or such a directory") from e
     name = f"flashmask_ab_{sha[:10]}"
     if sha in _LOADED:
         return _LOADED[sha]
@@ -84,14 +85,13 @@ def load_revision(rev: str, repo: Path = REPO):
 
 
 def _load_directory(src: Path):
-    """``load_revision`` of a directory copy of ``ops/flashmask``."""
+    """``load_revision`` of a directory copy of ``ops/flashmask`` (one holding ``autograd.py``)."""
     src = src.resolve()
-    if not (src / "autograd.py").is_file():
-        raise ValueError(f"ab_revision: {src} holds no autograd.py; pass a copy of ops/flashmask or a git revision")
     key = str(src)
     if key in _LOADED:
         return _LOADED[key]
-    name = "flashmask_ab_dir_" + "".join(c if c.isalnum() else "_" for c in src.name)
+    tag = hashlib.sha1(key.encode()).hexdigest()[:8]  # two copies with one folder name stay two packages
+    name = "flashmask_ab_dir_" + "".join(c if c.isalnum() else "_" for c in src.name) + "_" + tag
     root = Path(tempfile.mkdtemp(prefix="flashmask_ab_"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("benchmarks", "__pycache__"))
