@@ -47,12 +47,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.runtime.jit import constexpr_function
 
 from . import launch_cache
-from .triton_bwd import DQ_TILE_BASES
+from .triton_bwd import DQ_TILE, DQ_TILE_BASES
 from .triton_launch import dq_from_tiles
 
 BLOCK_M = gl.constexpr(64)  # query rows per visited block
 BLOCK_N = gl.constexpr(128)  # keys per program (64 per consumer warpgroup)
 HEAD_DIMS = (64, 128)
+DQ_BOX = [DQ_TILE * DQ_TILE // 256, 256]  # one dQ tile as one TMA box: 256 elements is a box's longest dimension
 
 
 @builtin
@@ -427,8 +428,8 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         desc(q, b * s_q, h_q * d, [bm, d]), desc(k, b * s_k, h_k * d, [bn, d]), desc(v, b * s_k, h_k * d, [bn, d]),
         desc(do, b * s_q, h_q * d, [bm, d]), desc(dk, b * s_k, h_k * d, [bn // 2, d]),
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
-        desc(dq_accum, dq_accum.numel() // 256, 256, [16, 256], swizzle=False), mv.lts, mv.lte, mv.uts, mv.ute, idx,
-        n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2], b * h_k, hc, scale * log2e,
-        scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
+        desc(dq_accum, dq_accum.numel() // DQ_BOX[1], DQ_BOX[1], DQ_BOX, swizzle=False), mv.lts, mv.lte, mv.uts,
+        mv.ute, idx, n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2],
+        b * h_k, hc, scale * log2e, scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
         HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
     return dq_from_tiles(dq_accum, scale, q.dtype, q.shape), dk, dv

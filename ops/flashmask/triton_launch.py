@@ -109,7 +109,12 @@ def preprocess(o, do, lse, dlse, dq_accum=None):
 
 def dq_from_tiles(dq_accum, scale: float, dtype: torch.dtype, shape):
     """dQ ``[B, S_q, H_q, D]`` (``shape``; S_q and D multiples of 64) in ``dtype`` from the Gluon backward's tiled fp32
-    accumulator (``triton_bwd.DQ_TILE_BASES``, as many elements): ``dq_accum * scale`` rounded once, in one pass."""
+    accumulator (``triton_bwd.DQ_TILE_BASES``, as many elements): ``dq_accum * scale`` rounded once, in one pass
+    (FlashAttention-3's dQ postprocessing of its dQaccum).
+
+    Raises:
+        ValueError: S_q or D not a multiple of 64, or ``dq_accum`` not ``B * S_q * H_q * D`` elements.
+    """
     b, s_q, h_q, d = shape
     if s_q % DQ_TILE or d % DQ_TILE or dq_accum.numel() != b * s_q * h_q * d:
         raise ValueError(f"dq_from_tiles: needs S_q and D multiples of {DQ_TILE} and {b * s_q * h_q * d} "

@@ -40,10 +40,10 @@ def load_revision(rev: str, repo: Path = REPO):
     """The ``flashmask`` package of git revision ``rev`` of ``repo``, imported as ``flashmask_ab_<sha[:10]>``
     (cached per commit; its benchmarks are left out). ``rev`` may also be a directory (relative to the current
     one) holding a copy of ``ops/flashmask``, recognised by its ``autograd.py`` (for a machine that has the working
-    tree but not its ``.git``); it imports as ``flashmask_ab_dir_<name>_<hash of its path>``. The package imports its own modules relatively and names its
-    custom ops after itself, so each version runs its own code; they share the environment knobs
-    (``FLASHMASK_FWD`` / ``FLASHMASK_BWD``) and the preprocessed mask cached on an index tensor, so give each
-    version its own copy of the index tensor.
+    tree but not its ``.git``); it imports as ``flashmask_ab_dir_<name>_<hash of its path>``. The package imports
+    its own modules relatively and names its custom ops after itself, so each version runs its own code; they
+    share the environment knobs (``FLASHMASK_FWD`` / ``FLASHMASK_BWD``) and the preprocessed mask cached on an
+    index tensor, so give each version its own copy of the index tensor.
 
     Raises:
         ValueError: ``rev`` is neither such a directory nor a commit of the checkout ``repo`` (or ``repo`` is no
