@@ -70,7 +70,7 @@ def _gluon_gate(mode: str) -> bool:
 
 
 GLUON_FWD_HEAD_DIMS = (64, 128, 256)
-GLUON_BWD_HEAD_DIMS = (64, 128)
+GLUON_BWD_HEAD_DIMS = (64, 128, 256)
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,7 +167,7 @@ def backward(do, q, k, v, o, lse, dlse, mv: MaskVectors, causal: bool, scale: fl
         def launch_fn():
             from . import gluon_bwd
 
-            tiles = (gluon_bwd.BLOCK_M.value, gluon_bwd.BLOCK_N.value)
+            tiles = gluon_bwd.tiles(q.shape[-1])
             return gluon_bwd.launch(do, q, k, v, lse2, delta, dq_accum, mv.block_lists(*tiles, by_key=True),
                                     mv.visit_order(*tiles, by_key=True), mv, causal, scale, LOG2E)
 

@@ -388,12 +388,19 @@ def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True)
     return desc
 
 
+def tiles(d: int) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_N)`` of the backward at head dim ``d``: 128-key programs, 64-key ones at D = 256
+    (:mod:`gluon_bwd256`)."""
+    return (BLOCK_M.value, 64) if d == 256 else (BLOCK_M.value, BLOCK_N.value)
+
+
 def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, scale: float, log2e: float):
-    """Host side: descriptors and the launch; returns ``(dq, dk, dv)`` like q, k, v.
+    """Host side: descriptors and the launch; returns ``(dq, dk, dv)`` like q, k, v. D = 256 runs
+    :mod:`gluon_bwd256` (lists and order at :func:`tiles`).
 
     Args:
-        do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, D]`` bf16 / fp16 on an sm_90 GPU, D in ``HEAD_DIMS``,
-            ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_bwd_eligible`` checks all of it).
+        do, q, k, v: contiguous, 16-byte aligned ``[B, S, H, D]`` bf16 / fp16 on an sm_90 GPU, D in ``HEAD_DIMS``
+            or 256, ``S_q % 64 == 0``, ``S_k % 128 == 0`` (``dispatch.gluon_bwd_eligible`` checks all of it).
         lse2, delta: fp32 ``[B, H_q, S_q]`` from ``triton_launch.preprocess``.
         dq_accum: zeroed fp32, ``B * S_q * H_q * D`` elements (``preprocess`` zeroes it in its pass over O and
             dO), written as tiles (``triton_bwd.DQ_TILE_BASES``).
@@ -408,11 +415,15 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
     """
     import torch
 
+    if q.shape[-1] == 256:
+        from . import gluon_bwd256
+
+        return gluon_bwd256.launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal, scale, log2e)
     bm, bn = BLOCK_M.value, BLOCK_N.value
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     if d not in HEAD_DIMS or s_q % bm or s_k % bn:
-        raise ValueError(f"gluon_bwd.launch: needs head dim 64 or 128, S_q % {bm} == 0 and S_k % {bn} == 0; got "
+        raise ValueError(f"gluon_bwd.launch: needs head dim 64, 128 or 256, S_q % {bm} == 0 and S_k % {bn} == 0; got "
                          f"D={d}, S_q={s_q}, S_k={s_k}")
     for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():

@@ -65,7 +65,7 @@ def test_gluon_random_masks(gluon, dtype, mode, s):
     assert gluon, "the Gluon kernel did not run"
 
 
-HEAD_DIM_CASES = [(w, d, m, t) for w, d in (("fwd", 64), ("fwd", 256), ("bwd", 64))
+HEAD_DIM_CASES = [(w, d, m, t) for w, d in (("fwd", 64), ("fwd", 256), ("bwd", 64), ("bwd", 256))
                   for m, t in itertools.product([0, 3, 5], [torch.bfloat16, torch.float16])]
 
 
@@ -73,8 +73,8 @@ HEAD_DIM_CASES = [(w, d, m, t) for w, d in (("fwd", 64), ("fwd", 256), ("bwd", 6
                          ids=[f"{w}-D{d}-mode{m}-{str(t)[6:]}" for w, d, m, t in HEAD_DIM_CASES])
 def test_gluon_head_dims(monkeypatch, which, d, mode, dtype):
     """The Gluon kernels at head dims other than 128: the forward at 64 (GQA 4:1, the 1B Llama's groups) and 256
-    (64-key tiles), the backward at 64 (dQ split by keys); causal without a mask, causal with LTS / LTE,
-    bidirectional with four vectors."""
+    (64-key tiles), the backward at 64 (dQ split by keys) and 256 (``gluon_bwd256``); causal without a mask, causal
+    with LTS / LTE, bidirectional with four vectors."""
     _require_hopper()
     calls = _spy(monkeypatch, which)
     causal, c = MODES[mode]
@@ -82,6 +82,34 @@ def test_gluon_head_dims(monkeypatch, which, d, mode, dtype):
     q, k, v, do = qkv(1, 1024, 8, 2, d, dtype, d + mode)
     check(q, k, v, do, sri, causal)
     assert calls, f"the Gluon {which} kernel did not run"
+
+
+D256_CASES = list(itertools.product(range(len(MODES)), [1024, 2048]))
+
+
+@pytest.mark.parametrize("mode,s", D256_CASES, ids=[f"mode{m}-S{s}" for m, s in D256_CASES])
+def test_gluon_bwd_d256_random_masks(monkeypatch, mode, s):
+    """The D = 256 backward (64-key programs, S and dP split by keys, dK / dV / dQ by head dims) in every mode, GQA
+    4:2 with per-head masks at 1024 and 8:2 with one mask head at 2048 (B = 2: the dQ tiles of both batches)."""
+    _require_hopper()
+    calls = _spy(monkeypatch, "bwd")
+    causal, c = MODES[mode]
+    h_q, h_k, hm = (4, 2, 2) if s == 1024 else (8, 2, 1)
+    sri = None if c is None else random_sri(2, hm, s, causal, c, torch.Generator().manual_seed(256 + mode))
+    q, k, v, do = qkv(2, s, h_q, h_k, 256, torch.bfloat16, 256 + mode)
+    check(q, k, v, do, sri, causal)
+    assert calls, "the Gluon backward did not run"
+
+
+@pytest.mark.parametrize("name", ["causal_document", "share_question", "sliding_window", "global_sliding",
+                                  "prefix_lm_document", "random_eviction_per_head"])
+def test_gluon_bwd_d256_mask_builders(monkeypatch, name):
+    _require_hopper()
+    calls = _spy(monkeypatch, "bwd")
+    m = _builder_masks(3072)[name]
+    q, k, v, do = qkv(2, 3072, 4, 2, 256, torch.bfloat16, 9)
+    check(q, k, v, do, m.startend_row_indices.cuda(), m.causal)
+    assert calls, "the Gluon backward did not run"
 
 
 @pytest.mark.parametrize("l2_bytes", [3 << 17, 3 << 21], ids=["fwd-chunks-of-3", "bwd-chunks-of-3"])
@@ -131,7 +159,7 @@ def test_gluon_cross_lengths(gluon, s_q, s_k, masked):
 
 def test_gluon_scope(monkeypatch):
     """Where each Gluon kernel applies: the default (unset) is auto for both; ``triton`` turns each off; the
-    forward takes head dims 64, 128 and 256, the backward 64 and 128; other head dims, a misaligned tensor,
+    forward and the backward take head dims 64, 128 and 256; other head dims, a misaligned tensor,
     S_q % 128 != 0 (forward) and reproducible backwards run the Triton kernels."""
     _require_hopper()
     from flashmask.dispatch import gluon_bwd_eligible, gluon_fwd_eligible
@@ -147,7 +175,7 @@ def test_gluon_scope(monkeypatch):
     d96 = q[..., :96].contiguous()
     assert gluon_fwd_eligible(d64, d64, d64) and gluon_fwd_eligible(d256, d256, d256)
     assert gluon_bwd_eligible(d64, d64, d64, d64, deterministic=False)
-    assert not gluon_bwd_eligible(d256, d256, d256, d256, deterministic=False)
+    assert gluon_bwd_eligible(d256, d256, d256, d256, deterministic=False)
     assert not gluon_fwd_eligible(d96, d96, d96) and not gluon_bwd_eligible(d96, d96, d96, d96, deterministic=False)
     assert not gluon_fwd_eligible(odd, q, q) and not gluon_bwd_eligible(odd, q, q, q, deterministic=False)
     assert not gluon_bwd_eligible(q, q, q, q, deterministic=True)

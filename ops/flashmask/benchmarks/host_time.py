@@ -63,7 +63,7 @@ def main(argv=None) -> None:
         o, lse = flashmask_attention_triton(q, k, v, sri, causal, sc)
         out = flashmask_attention_triton(*leaves, sri, causal, sc)[0]
         mv = mask_vectors(sri, causal, s, s, q.device)
-        tiles = (gluon_bwd.BLOCK_M.value, gluon_bwd.BLOCK_N.value)
+        tiles = gluon_bwd.tiles(d)
         acc = torch.empty(q.shape, dtype=torch.float32, device="cuda")
         delta, lse2 = preprocess(o, do, lse, None, acc)
 
