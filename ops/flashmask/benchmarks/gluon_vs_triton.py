@@ -1,16 +1,17 @@
 """The Gluon kernels against the Triton kernels, forward and backward alone (one sm_90 GPU): the measurement behind
-the default ``FLASHMASK_FWD`` / ``FLASHMASK_BWD`` = ``auto`` (Gluon on Hopper at head dim 128).
+the default ``FLASHMASK_FWD`` / ``FLASHMASK_BWD`` = ``auto`` (Gluon on Hopper at head dims 64, 128 and 256).
 
 Both sides run through :func:`flashmask.dispatch.forward` / :func:`~flashmask.dispatch.backward` with the
 environment switch set per call (``gluon`` or ``triton``) on the same preprocessed mask. First a check on small
 shapes of several masks (GQA included): O / LSE and dQ / dK / dV of the Gluon kernels against the Triton ones.
 Then the forward and the backward (its Delta preprocessing included) timed with ``bench_attention.bench``
-(>= 10 samples) at D = 128, H = 32, B * S = ``--tokens``, two rounds with the order reversed in the second.
+(>= 10 samples) at D = ``--head_dim`` (128), H = ``--heads`` (32), B * S = ``--tokens``, two rounds with the order reversed in the second.
 Prints a markdown table: ms per round, TFLOP/s on unmasked pairs (backward 2.5x the forward's FLOPs) and the
 speed of Gluon over Triton.
 
 Usage (sm_90 GPU, a Triton whose Gluon the kernels support, ``dispatch.SUPPORTED_TRITON``):
-``python -m flashmask.benchmarks.gluon_vs_triton [--seq 8192] [--tokens 32768] [--masks full,causal,...]``.
+``python -m flashmask.benchmarks.gluon_vs_triton [--seq 8192] [--tokens 32768] [--masks full,causal,...]
+[--head_dim 256 --heads 16]``.
 """
 
 from __future__ import annotations
@@ -50,17 +51,17 @@ def passes(q, k, v, do, sri, causal):
             lambda o, lse: dispatch.backward(do, q, k, v, o, lse, None, mv, causal, scale, False))
 
 
-def check(seq: int = 2048) -> float:
-    """Largest relative difference of Gluon's O, LSE, dQ, dK, dV from the Triton kernels' over the check cases
-    (inf when the rows with no visible key differ)."""
+def check(seq: int = 2048, d: int = 128) -> float:
+    """Largest relative difference of Gluon's O, LSE, dQ, dK, dV from the Triton kernels' over the check cases at
+    head dim ``d`` (inf when the rows with no visible key differ)."""
     from flashmask.benchmarks.bench_attention import build_mask
 
     worst = 0.0
     for mask, hq, hk in CHECK:
         torch.manual_seed(hq)
         sri, causal = build_mask(mask, seq, 2)
-        q, do = (torch.randn(2, seq, hq, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        k, v = (torch.randn(2, seq, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q, do = (torch.randn(2, seq, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(2, seq, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         fwd, bwd = passes(q, k, v, do, sri, causal)
         res = {}
         for kernel in ("triton", "gluon"):
@@ -80,6 +81,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--masks", default=MASKS)
+    ap.add_argument("--head_dim", type=int, default=128, help="D of q, k, v (64, 128 or 256)")
+    ap.add_argument("--heads", type=int, default=32, help="query heads (KV heads: as many)")
     ap.add_argument("--check-only", action="store_true", help="only the check against the Triton kernels")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -87,12 +90,13 @@ def main(argv=None) -> None:
     from flashmask.benchmarks.bench_attention import allowed_count, bench, build_mask
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}")
-    worst = check()
+    worst = check(d=args.head_dim)
     print(f"# check: Gluon vs Triton kernels, max relative difference over O, LSE, dQ, dK, dV: {worst:.2e}",
           flush=True)
     if args.check_only or not worst < 2e-2:
         return
-    s, b, h, d = args.seq, max(1, args.tokens // args.seq), 32, 128
+    s, b, h, d = args.seq, max(1, args.tokens // args.seq), args.heads, args.head_dim
+    print(f"# B={b} H={h} D={d} bf16")
     print(f"\n| mask | S | pass | Triton ms (round 1 / 2) | Gluon ms (round 1 / 2) | Triton TFLOP/s | Gluon TFLOP/s | "
           "Gluon / Triton speed |\n|---|---|---|---|---|---|---|---|")
     for mask in args.masks.split(","):
