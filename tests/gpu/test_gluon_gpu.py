@@ -141,18 +141,19 @@ def test_gluon_mask_builders(gluon, name):
     assert gluon
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("s_q,s_k,masked", [(1024, 2048, True), (2048, 1024, True), (1088, 1024, True),
                                             (576, 1024, False)])
-def test_gluon_cross_lengths(gluon, s_q, s_k, masked):
+def test_gluon_cross_lengths(gluon, s_q, s_k, masked, d):
     """S_q != S_k (shorter and longer than S_k; S_q % 128 == 64 runs the Triton forward) with a bidirectional
-    4-vector mask whose rows may see nothing (LSE -inf, O = 0), or none."""
+    4-vector mask whose rows may see nothing (LSE -inf, O = 0), or none; head dims 128 and 256."""
     sri = None
     if masked:
         g = torch.Generator().manual_seed(s_q + s_k)
         r = torch.sort(torch.randint(0, s_q + 1, (1, 2, s_k, 4), generator=g), dim=-1).values
         sri = torch.stack([r[..., 2], r[..., 3], r[..., 0], r[..., 1]], -1).to(torch.int32).cuda()  # LTS LTE UTS UTE
-    q, _, _, do = qkv(1, s_q, 4, 2, 128, torch.bfloat16, 12)
-    _, k, v, _ = qkv(1, s_k, 4, 2, 128, torch.bfloat16, 13)
+    q, _, _, do = qkv(1, s_q, 4, 2, d, torch.bfloat16, 12)
+    _, k, v, _ = qkv(1, s_k, 4, 2, d, torch.bfloat16, 13)
     check(q, k, v, do, sri, False)
     assert gluon or s_q % 128, "the Gluon kernel did not run"
 
