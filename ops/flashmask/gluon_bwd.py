@@ -109,6 +109,47 @@ LPT_L2_BYTES = 16 << 20  # a third of an H100 / H200's 50 MB L2: the rest holds 
 
 
 @gluon.jit
+def mask_columns(LTS, LTE, UTS, UTE, vec_off, keys, HAS_MASK: gl.constexpr, HAS_LTE: gl.constexpr,
+                 HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
+    """``(lts, lte, uts, ute)`` of the keys ``keys`` (a program's columns, loaded once; a vector the mask does not
+    have is never read and stands in as ``keys``)."""
+    lts = keys
+    lte = keys
+    uts = keys
+    ute = keys
+    if HAS_MASK:
+        lts = gl.load(LTS + vec_off + keys)
+        if HAS_LTE:
+            lte = gl.load(LTE + vec_off + keys)
+        if HAS_UT:
+            ute = gl.load(UTE + vec_off + keys)
+            if HAS_UTS:
+                uts = gl.load(UTS + vec_off + keys)
+    return lts, lte, uts, ute
+
+
+@gluon.jit
+def element_mask(rows, keys, lts, lte, uts, ute, CAUSAL: gl.constexpr, HAS_MASK: gl.constexpr,
+                 HAS_LTE: gl.constexpr, HAS_UT: gl.constexpr, HAS_UTS: gl.constexpr):
+    """Which (query row, key) pairs FlashMask masks: the causal cut and the LTS/LTE/UTS/UTE intervals of each key
+    column. ``rows`` and ``keys`` / the vectors come broadcast against each other (a tile in either orientation)."""
+    masked = rows < 0
+    if CAUSAL:
+        masked = masked | (keys > rows)
+    if HAS_MASK:
+        down = rows >= lts
+        if HAS_LTE:
+            down = down & (rows < lte)
+        masked = masked | down
+        if HAS_UT:
+            up = rows < ute
+            if HAS_UTS:
+                up = up & (rows >= uts)
+            masked = masked | up
+    return masked
+
+
+@gluon.jit
 def _visit(IDX, n_part, n_tot, f_lo, t):
     """Visit ``t`` of a program: (query head offset g in the GQA group, list position i, query block m).
 
@@ -192,19 +233,7 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
     zero_dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, layout=mma_dq)
     offs_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_s))
     keys = n * BLOCK_N + w * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, mma_s))
-    # the mask columns of this warpgroup's keys, loaded once ([KW] each; absent vectors are never read)
-    lts = keys
-    lte = keys
-    uts = keys
-    ute = keys
-    if HAS_MASK:
-        lts = gl.load(LTS + vec_off + keys)
-        if HAS_LTE:
-            lte = gl.load(LTE + vec_off + keys)
-        if HAS_UT:
-            ute = gl.load(UTE + vec_off + keys)
-            if HAS_UTS:
-                uts = gl.load(UTS + vec_off + keys)
+    lts, lte, uts, ute = mask_columns(LTS, LTE, UTS, UTE, vec_off, keys, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
     n_visits = G * n_tot
     for t in range(n_visits):
         g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
@@ -215,20 +244,8 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_bufs, lse_bufs
         sT = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_s, use_acc=False)  # [KW keys, BLOCK_M queries]
         pT = gl.exp2(sT * qk_scale - lse_bufs.index(s).load(mma_s))  # LSE in log2 units, +inf on empty rows
         if i < n_part:  # a partially masked block: the element mask (FlashMask's LTS/LTE/UTS/UTE, causal)
-            rows = (m * BLOCK_M + offs_q)[None, :]
-            masked = rows < 0
-            if CAUSAL:
-                masked = masked | (keys[:, None] > rows)
-            if HAS_MASK:
-                down = rows >= lts[:, None]
-                if HAS_LTE:
-                    down = down & (rows < lte[:, None])
-                masked = masked | down
-                if HAS_UT:
-                    up = rows < ute[:, None]
-                    if HAS_UTS:
-                        up = up & (rows >= uts[:, None])
-                    masked = masked | up
+            masked = element_mask((m * BLOCK_M + offs_q)[None, :], keys[:, None], lts[:, None], lte[:, None],
+                                  uts[:, None], ute[:, None], CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
             pT = gl.where(masked, 0.0, pT)
         dpT = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False)
         dv = warpgroup_mma(gl.convert_layout(pT.to(dt), a_kd), do_s, dv, is_async=True)  # runs under dS
@@ -388,6 +405,16 @@ def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True)
     return desc
 
 
+def check_operands(where: str, do, q, k, v) -> None:
+    """``ValueError`` (naming ``where`` and the tensor) unless do, q, k, v are contiguous and all bf16 or all fp16."""
+    import torch
+
+    for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
+        if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
+            raise ValueError(f"{where}: {name} must be contiguous {q.dtype} (bf16 or fp16); got {t.dtype}, "
+                             f"strides {t.stride()}")
+
+
 def tiles(d: int) -> tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)`` of the backward at head dim ``d``: 128-key programs, 64-key ones at D = 256
     (:mod:`gluon_bwd256`)."""
@@ -425,10 +452,7 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
     if d not in HEAD_DIMS or s_q % bm or s_k % bn:
         raise ValueError(f"gluon_bwd.launch: needs head dim 64, 128 or 256, S_q % {bm} == 0 and S_k % {bn} == 0; got "
                          f"D={d}, S_q={s_q}, S_k={s_k}")
-    for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
-        if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
-            raise ValueError(f"gluon_bwd.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
-                             f"{t.dtype}, strides {t.stride()}")
+    check_operands("gluon_bwd.launch", do, q, k, v)
     desc = tensor_desc
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     idx, n_part, n_full, full_lo, _ = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 4

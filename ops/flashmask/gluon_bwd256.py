@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from . import launch_cache
-from .gluon_bwd import (DQ_BOX, _tma_reduce_add, _visit, dq_tile_layout, lpt_program, rows_per_chunk, tensor_desc,
-                        visit_list_row)
+from .gluon_bwd import (DQ_BOX, _tma_reduce_add, _visit, check_operands, dq_tile_layout, element_mask, lpt_program,
+                        mask_columns, rows_per_chunk, tensor_desc, visit_list_row)
 from .triton_bwd import DQ_TILE as _DQ_TILE
 from .triton_launch import dq_from_tiles
 
@@ -118,19 +118,7 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_buf, lse_bufs,
     zero_dq = gl.zeros([BLOCK_M, DQ_TILE], gl.float32, layout=mma_dq)
     offs_q = gl.arange(0, BLOCK_M, layout=row_l)
     keys = n * BLOCK_N + w * KW + gl.arange(0, KW, layout=gl.SliceLayout(0, mma_s))
-    # the mask columns of this warpgroup's keys, loaded once ([KW] each; absent vectors are never read)
-    lts = keys
-    lte = keys
-    uts = keys
-    ute = keys
-    if HAS_MASK:
-        lts = gl.load(LTS + vec_off + keys)
-        if HAS_LTE:
-            lte = gl.load(LTE + vec_off + keys)
-        if HAS_UT:
-            ute = gl.load(UTE + vec_off + keys)
-            if HAS_UTS:
-                uts = gl.load(UTS + vec_off + keys)
+    lts, lte, uts, ute = mask_columns(LTS, LTE, UTS, UTE, vec_off, keys, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
     n_visits = G * n_tot
     for t in range(n_visits):
         g, i, m = _visit(IDX, n_part, n_tot, f_lo, t)
@@ -141,20 +129,8 @@ def _consumer(w: gl.constexpr, kv_bar, k_smem, v_smem, q_bufs, do_buf, lse_bufs,
         lse = lse_bufs.index(s)._reinterpret(gl.float32, [BLOCK_M], flat).load(row_l)  # log2 units, +inf if empty
         p = gl.exp2(s_acc * qk_scale - lse[:, None])
         if i < n_part:  # a partially masked block: the element mask (FlashMask's LTS/LTE/UTS/UTE, causal)
-            rows = (m * BLOCK_M + offs_q)[:, None]
-            masked = rows < 0
-            if CAUSAL:
-                masked = masked | (keys[None, :] > rows)
-            if HAS_MASK:
-                down = rows >= lts[None, :]
-                if HAS_LTE:
-                    down = down & (rows < lte[None, :])
-                masked = masked | down
-                if HAS_UT:
-                    up = rows < ute[None, :]
-                    if HAS_UTS:
-                        up = up & (rows >= uts[None, :])
-                    masked = masked | up
+            masked = element_mask((m * BLOCK_M + offs_q)[:, None], keys[None, :], lts[None, :], lte[None, :],
+                                  uts[None, :], ute[None, :], CAUSAL, HAS_MASK, HAS_LTE, HAS_UT, HAS_UTS)
             p = gl.where(masked, 0.0, p)
         mbarrier.wait(do_ready, t & 1)
         dp = warpgroup_mma(do_buf, v_w.permute((1, 0)), zero_s, use_acc=False)
@@ -287,10 +263,7 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
     if d != HEAD_DIM or s_q % bm or s_k % bn:
         raise ValueError(f"gluon_bwd256.launch: needs head dim {HEAD_DIM}, S_q % {bm} == 0 and S_k % {bn} == 0; "
                          f"got D={d}, S_q={s_q}, S_k={s_k}")
-    for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
-        if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
-            raise ValueError(f"gluon_bwd256.launch: {name} must be contiguous {q.dtype} (bf16 or fp16); got "
-                             f"{t.dtype}, strides {t.stride()}")
+    check_operands("gluon_bwd256.launch", do, q, k, v)
     desc = tensor_desc
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     idx, n_part, n_full, full_lo, _ = lists  # [L, NUM_N, NUM_M], [L, NUM_N] x 4
