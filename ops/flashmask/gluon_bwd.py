@@ -32,8 +32,8 @@ Programs start longest first (:func:`lpt_program` over ``MaskVectors.visit_order
 
 Source: FlashAttention-3's backward (Shah et al., 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) and
 FlashMask V3's block lists (flashmask.md §2.5-2.6); math and names as ``triton_bwd``. Measured on an H200 at
-D = 128: 1.28-1.33x the Triton backward (docs/kernel_notes.md). dQ is summed by reduce-adds in the order the tiles finish,
-so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
+D = 128: 1.28-1.33x the Triton backward (docs/kernel_notes.md). dQ is summed by reduce-adds in the order the tiles
+finish, so it is not bitwise reproducible: ``deterministic=True`` keeps the Triton kernels.
 """
 
 from __future__ import annotations
@@ -97,6 +97,24 @@ def lpt_program(pid, NUM_BLK, HC, ROWS):
     hc = gl.minimum(HC, ROWS - c * HC)  # the last chunk may hold fewer rows
     rank = r // hc
     return rank, c * HC + (r - rank * hc)
+
+
+@gluon.jit
+def key_block_program(ORDER, IDX, NPART, NFULL, FLO, NUM_N, NUM_M, ROWS, HC, H_q, H_k, H_mask, G: gl.constexpr,
+                      HAS_MASK: gl.constexpr):
+    """What a backward program works on: ``(b, hk, bm, n, IDX row, n_part, n_tot, f_lo)``: its batch, KV head, mask
+    head (every query head of the GQA group maps to it), key block (:func:`lpt_program` rank through ``ORDER``)
+    and that block's visit list (:func:`visit_list_row`)."""
+    rank, bhk = lpt_program(gl.program_id(0), NUM_N, HC, ROWS)
+    b = bhk // H_k
+    hk = bhk % H_k
+    bm = b * H_mask + (hk * G) // (H_q // H_mask)
+    if HAS_MASK:
+        n = gl.load(ORDER + bm * NUM_N + rank)
+    else:
+        n = gl.load(ORDER + rank)
+    IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
+    return b, hk, bm, n, IDX_row, n_part, n_tot, f_lo
 
 
 def rows_per_chunk(row_bytes: int, rows: int) -> int:
@@ -314,15 +332,8 @@ def flashmask_bwd_gluon_kernel(
     per (batch, mask head) with a mask, one shared table without). Needs ``S_q % BLOCK_M == 0``, ``S_k % BLOCK_N == 0``,
     D in ``HEAD_DIMS``.
     """
-    rank, bhk = lpt_program(gl.program_id(0), NUM_N, HC, ROWS)
-    b = bhk // H_k
-    hk = bhk % H_k
-    bm = b * H_mask + (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
-    if HAS_MASK:
-        n = gl.load(ORDER + bm * NUM_N + rank)
-    else:
-        n = gl.load(ORDER + rank)
-    IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
+    b, hk, bm, n, IDX_row, n_part, n_tot, f_lo = key_block_program(ORDER, IDX, NPART, NFULL, FLO, NUM_N, NUM_M, ROWS,
+                                                                    HC, H_q, H_k, H_mask, G, HAS_MASK)
     dt: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], v_desc.layout)
@@ -418,7 +429,11 @@ def check_operands(where: str, do, q, k, v) -> None:
 def tiles(d: int) -> tuple[int, int]:
     """``(BLOCK_M, BLOCK_N)`` of the backward at head dim ``d``: 128-key programs, 64-key ones at D = 256
     (:mod:`gluon_bwd256`)."""
-    return (BLOCK_M.value, 64) if d == 256 else (BLOCK_M.value, BLOCK_N.value)
+    if d == 256:
+        from . import gluon_bwd256
+
+        return gluon_bwd256.BLOCK_M.value, gluon_bwd256.BLOCK_N.value
+    return BLOCK_M.value, BLOCK_N.value
 
 
 def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, scale: float, log2e: float):
@@ -450,8 +465,8 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     if d not in HEAD_DIMS or s_q % bm or s_k % bn:
-        raise ValueError(f"gluon_bwd.launch: needs head dim 64, 128 or 256, S_q % {bm} == 0 and S_k % {bn} == 0; got "
-                         f"D={d}, S_q={s_q}, S_k={s_k}")
+        raise ValueError(f"gluon_bwd.launch: needs head dim 64, 128 or 256, S_q % {bm} == 0 and S_k % {bn} == 0; "
+                         f"got D={d}, S_q={s_q}, S_k={s_k}")
     check_operands("gluon_bwd.launch", do, q, k, v)
     desc = tensor_desc
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -465,6 +480,6 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         desc(dv, b * s_k, h_k * d, [bn // 2, d]), desc(lse2, lrows, bm, [1, bm]), desc(delta, lrows, bm, [1, bm]),
         desc(dq_accum, dq_accum.numel() // DQ_BOX[1], DQ_BOX[1], DQ_BOX, swizzle=False), mv.lts, mv.lte, mv.uts,
         mv.ute, idx, n_part, n_full, full_lo, order, s_q, s_k, h_q, h_k, mv.h_mask, idx.shape[1], idx.shape[2],
-        b * h_k, hc, scale * log2e, scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask, HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut,
-        HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
+        b * h_k, hc, scale * log2e, scale, G=g, D=d, NS=2, CAUSAL=causal, HAS_MASK=mv.has_mask,
+        HAS_LTE=mv.has_lte, HAS_UT=mv.has_ut, HAS_UTS=mv.has_uts, num_warps=4, maxnreg=168)
     return dq_from_tiles(dq_accum, scale, q.dtype, q.shape), dk, dv

@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from . import launch_cache
-from .gluon_bwd import (DQ_BOX, _tma_reduce_add, _visit, check_operands, dq_tile_layout, element_mask, lpt_program,
-                        mask_columns, rows_per_chunk, tensor_desc, visit_list_row)
+from .gluon_bwd import (DQ_BOX, _tma_reduce_add, _visit, check_operands, dq_tile_layout, element_mask,
+                        key_block_program, mask_columns, rows_per_chunk, tensor_desc)
 from .triton_bwd import DQ_TILE as _DQ_TILE
 from .triton_launch import dq_from_tiles
 
@@ -191,15 +191,8 @@ def flashmask_bwd_gluon_d256_kernel(
     over the tiled accumulator). Lists and order: ``MaskVectors.block_lists(64, 64, by_key=True)`` and
     ``visit_order(64, 64, by_key=True)``. Needs ``S_q % 64 == 0``, ``S_k % 64 == 0``.
     """
-    rank, bhk = lpt_program(gl.program_id(0), NUM_N, HC, ROWS)
-    b = bhk // H_k
-    hk = bhk % H_k
-    bm = b * H_mask + (hk * G) // (H_q // H_mask)  # every query head of the group maps to this mask head
-    if HAS_MASK:
-        n = gl.load(ORDER + bm * NUM_N + rank)
-    else:
-        n = gl.load(ORDER + rank)
-    IDX_row, n_part, n_tot, f_lo = visit_list_row(IDX, NPART, NFULL, FLO, n, bm, NUM_N, NUM_M, HAS_MASK)
+    b, hk, bm, n, IDX_row, n_part, n_tot, f_lo = key_block_program(ORDER, IDX, NPART, NFULL, FLO, NUM_N, NUM_M, ROWS,
+                                                                    HC, H_q, H_k, H_mask, G, HAS_MASK)
     dt: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dt, [BLOCK_N, D], v_desc.layout)

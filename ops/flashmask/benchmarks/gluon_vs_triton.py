@@ -5,7 +5,8 @@ Both sides run through :func:`flashmask.dispatch.forward` / :func:`~flashmask.di
 environment switch set per call (``gluon`` or ``triton``) on the same preprocessed mask. First a check on small
 shapes of several masks (GQA included): O / LSE and dQ / dK / dV of the Gluon kernels against the Triton ones.
 Then the forward and the backward (its Delta preprocessing included) timed with ``bench_attention.bench``
-(>= 10 samples) at D = ``--head_dim`` (128), H = ``--heads`` (32), B * S = ``--tokens``, two rounds with the order reversed in the second.
+(>= 10 samples) at D = ``--head_dim`` (128), H = ``--heads`` (32), B * S = ``--tokens``, two rounds with the order
+reversed in the second.
 Prints a markdown table: ms per round, TFLOP/s on unmasked pairs (backward 2.5x the forward's FLOPs) and the
 speed of Gluon over Triton.
 
