@@ -10,7 +10,7 @@ native models:
 - ``model`` + a plain ``lm_head`` (the fused linear cross entropy and DPO's chunked log-probs run the head on the
   trunk's final-norm output themselves);
 - ``save_pretrained`` (atomic; the directory loads in ``transformers.AutoModelForCausalLM``), ``make_kv_cache``
-  (generation: decode steps run SDPA), ``recompute`` as ``gradient_checkpointing_enable``.
+  (generation: decode steps run SDPA), ``recompute`` as ``transformers``' activation checkpointing.
 
 What a family needs beyond the attention function is checked at load (:func:`check_hf_config`): a model_type
 ``transformers`` knows (or remote code with ``trust_remote_code``), an attention the kernel computes exactly, and
@@ -91,6 +91,17 @@ class _HFCache:
         self.cache = DynamicCache(config=config)
 
 
+def enable_activation_checkpointing(hf: nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward (non-reentrant ``torch.utils.checkpoint``), by
+    ``activation_checkpointing_enable`` where ``transformers`` has it, else by its older name
+    ``gradient_checkpointing_enable`` (deprecated, to be removed in transformers 6)."""
+    enable = getattr(hf, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class HFCausalLM(nn.Module):
     """A ``transformers`` ``*ForCausalLM`` with this package's model interface (module docstring).
 
@@ -156,7 +167,7 @@ class HFCausalLM(nn.Module):
     @classmethod
     def _finish(cls, hf, recompute: bool) -> "HFCausalLM":
         if recompute:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(hf)
         model = cls(hf)
         if not isinstance(getattr(model, "model", None), nn.Module) or not isinstance(getattr(model, "lm_head", None),
                                                                                       nn.Linear):

@@ -95,9 +95,23 @@ def hf_apply_rotary_pos_emb(original):
     return apply_rotary_pos_emb
 
 
+def _plain_function(fn):
+    """``fn`` without its wrappers: ``functools.wraps`` decorators, and the module that ``transformers``'
+    ``use_kernel_forward_from_hub`` makes of a function when the ``kernels`` package is installed (an instance of
+    an ``nn.Module`` class whose ``forward`` calls the function, held as its closure variable ``func``)."""
+    if isinstance(fn, nn.Module):
+        forward = getattr(type(fn), "forward", None)
+        code = getattr(forward, "__code__", None)
+        if code is not None and "func" in code.co_freevars:
+            held = _cell_contents(forward.__closure__[code.co_freevars.index("func")])
+            if isinstance(held, types.FunctionType):
+                fn = held
+    return inspect.unwrap(fn)
+
+
 def _code_key(fn) -> tuple | None:
     """What a function computes, without its file, line numbers or docstring."""
-    fn = inspect.unwrap(fn)
+    fn = _plain_function(fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return None
@@ -155,7 +169,7 @@ def _rope_forward(cls):
         inner = inspect.unwrap(fn)
         g = getattr(inner, "__globals__", {})
         rope = g.get("apply_rotary_pos_emb")
-        rope_globals = getattr(inspect.unwrap(rope), "__globals__", {})
+        rope_globals = getattr(_plain_function(rope), "__globals__", {})
         if ("apply_rotary_pos_emb" in getattr(getattr(inner, "__code__", None), "co_names", ())
                 and _code_key(rope) == _code_key(llama.apply_rotary_pos_emb)
                 and _code_key(rope_globals.get("rotate_half")) == _code_key(llama.rotate_half)):

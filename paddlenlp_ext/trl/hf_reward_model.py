@@ -17,7 +17,8 @@ from torch import nn
 
 from paddlenlp_ext.ops import without_fused_keys
 from paddlenlp_ext.transformers.hf_attention import FLASHMASK, STARTEND_KEY, register_flashmask_attention
-from paddlenlp_ext.transformers.hf_causal_lm import check_hf_config, mirror_setattr
+from paddlenlp_ext.transformers.hf_causal_lm import (check_hf_config, enable_activation_checkpointing,
+                                                     mirror_setattr)
 from paddlenlp_ext.transformers.model_utils import atomic_save_dir, to_torch_dtype
 
 from .reward_model import LlamaForScore, export_pad_token_id
@@ -72,7 +73,7 @@ class HFForScore(LlamaForScore):
                                  "exported; train a reward model on another family") from None
             raise
         if recompute:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(hf)
         model = cls(hf)
         if not isinstance(getattr(model, "score", None), nn.Linear) or model.score.out_features != 1:
             raise ValueError(f"{type(hf).__name__}: expected a `score` linear head with one output")
