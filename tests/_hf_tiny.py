@@ -43,15 +43,42 @@ def tiny_model(family: str, attn_implementation: str = "sdpa", seed: int = 0, **
     return model.eval()
 
 
-def save_tiny_model_dir(family: str, path, **overrides) -> str:
-    """Write a random ``family`` model (SmolLM2's vocab and tokenizer files) to ``path``; returns ``str(path)``."""
+def copy_smollm2_tokenizer(path) -> str:
+    """Copy the embedded SmolLM2 tokenizer files into ``path``; returns the SmolLM2 directory they came from."""
     from paddlenlp_ext.transformers import resolve_model_name_or_path
 
     src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
-    vocab = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
-    model = tiny_model(family, vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=2, **overrides)
-    model.save_pretrained(str(path))
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if os.path.exists(os.path.join(src, f)):
             shutil.copy(os.path.join(src, f), path)
+    return src
+
+
+def smollm2_vocab_size() -> int:
+    from paddlenlp_ext.transformers import resolve_model_name_or_path
+
+    src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+    return json.load(open(os.path.join(src, "config.json")))["vocab_size"]
+
+
+def save_tiny_model_dir(family: str, path, **overrides) -> str:
+    """Write a random ``family`` model (SmolLM2's vocab and tokenizer files) to ``path``; returns ``str(path)``."""
+    model = tiny_model(family, vocab_size=smollm2_vocab_size(), bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                       **overrides)
+    model.save_pretrained(str(path))
+    copy_smollm2_tokenizer(path)
+    return str(path)
+
+
+def save_tiny_llama_dir(path) -> str:
+    """Write a random 2-layer ``paddlenlp_ext`` Llama (hidden 32, 4 heads / 2 KV heads, tied embeddings, seed 0) with
+    SmolLM2's vocab and tokenizer files to ``path``, for launcher tests; returns ``str(path)``."""
+    from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=smollm2_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=256)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(str(path))
+    copy_smollm2_tokenizer(path)
     return str(path)

@@ -34,21 +34,11 @@ def make_tiny_sft_job():
     """``make(root, n_train, n_dev) -> root``: a tiny random Llama (SmolLM2 tokenizer and vocab) in
     ``root/model`` and ``src``/``tgt`` chat data in ``root/data`` (train.json, dev.json), for launcher tests."""
     import json
-    import shutil
 
     def make(root, n_train: int, n_dev: int):
-        from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM, resolve_model_name_or_path
+        from tests._hf_tiny import save_tiny_llama_dir
 
-        src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer files only
-        vocab = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                          max_position_embeddings=256)
-        torch.manual_seed(0)
-        LlamaForCausalLM(cfg).save_pretrained(str(root / "model"))
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if os.path.exists(os.path.join(src, f)):
-                shutil.copy(os.path.join(src, f), root / "model")
+        save_tiny_llama_dir(root / "model")
         (root / "data").mkdir()
         for name, n in (("train.json", n_train), ("dev.json", n_dev)):
             with open(root / "data" / name, "w") as f:

@@ -4,28 +4,17 @@ random documents ending in the tokenizer's eos (id 2)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import numpy as np
-import torch
 
 EOS = 2
 
 
 def make_pretrain_job(root, n_docs: int = 200, seed: int = 0):
     from paddlenlp_ext.datasets.pretraining import write_corpus
-    from paddlenlp_ext.transformers import LlamaConfig, LlamaForCausalLM, resolve_model_name_or_path
+    from tests._hf_tiny import save_tiny_llama_dir
 
-    src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # tokenizer files only
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      max_position_embeddings=256)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(root / "model"))
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if os.path.exists(os.path.join(src, f)):
-            shutil.copy(os.path.join(src, f), root / "model")
+    save_tiny_llama_dir(root / "model")
     rng = np.random.RandomState(seed)
     docs = [[list(rng.randint(3, 300, size=rng.randint(5, 40))) + [EOS]] for _ in range(n_docs)]
     write_corpus(str(root / "data" / "corpus"), docs, meta={"vocab_size": 49152, "eos_token_id": EOS,
