@@ -43,22 +43,23 @@ def tiny_model(family: str, attn_implementation: str = "sdpa", seed: int = 0, **
     return model.eval()
 
 
-def copy_smollm2_tokenizer(path) -> str:
-    """Copy the embedded SmolLM2 tokenizer files into ``path``; returns the SmolLM2 directory they came from."""
+def _smollm2_dir() -> str:
     from paddlenlp_ext.transformers import resolve_model_name_or_path
 
-    src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+    return resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def copy_smollm2_tokenizer(path) -> None:
+    """Copy the embedded SmolLM2 tokenizer files into ``path``."""
+    src = _smollm2_dir()
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if os.path.exists(os.path.join(src, f)):
             shutil.copy(os.path.join(src, f), path)
-    return src
 
 
 def smollm2_vocab_size() -> int:
-    from paddlenlp_ext.transformers import resolve_model_name_or_path
-
-    src = resolve_model_name_or_path("HuggingFaceTB/SmolLM2-135M-Instruct")
-    return json.load(open(os.path.join(src, "config.json")))["vocab_size"]
+    """The embedded SmolLM2's ``vocab_size`` (from its ``config.json``)."""
+    return json.load(open(os.path.join(_smollm2_dir(), "config.json")))["vocab_size"]
 
 
 def save_tiny_model_dir(family: str, path, **overrides) -> str:
