@@ -395,8 +395,8 @@ def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True)
     """A Gluon TMA descriptor over ``t`` viewed as ``[rows, cols]`` with ``block`` boxes and the default
     NVMMA shared layout (unswizzled with ``swizzle=False``); ``t`` contiguous bf16 / fp16 / fp32 with
     ``rows * cols`` elements (``ValueError`` otherwise). Triton validates the first descriptor of each geometry;
-    later ones copy its fields and swap the base (a launch builds up to nine, and validation is most of their host
-    cost)."""
+    later ones copy its fields (with their ``launch_cache`` key: the same geometry on an aligned base) and swap the
+    base (a launch builds up to nine, and validation is most of their host cost)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     if not t.is_contiguous() or t.numel() != rows * cols:
@@ -407,7 +407,8 @@ def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True)
     if fields is None or t.data_ptr() % 16:
         layout = _nvmma_layout(tuple(block), t.dtype, swizzle)
         desc = TensorDescriptor(t, [rows, cols], [cols, 1], list(block), layout)
-        if hasattr(desc, "__dict__"):
+        if hasattr(desc, "__dict__") and t.data_ptr() % 16 == 0:  # the kept fields include the launch key
+            setattr(desc, launch_cache.LAUNCH_KEY, launch_cache.descriptor_key(desc))
             _DESC_FIELDS[key] = dict(desc.__dict__, base=None)
         return desc
     desc = object.__new__(TensorDescriptor)

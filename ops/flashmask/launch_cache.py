@@ -10,7 +10,8 @@ compiled kernel by a cheaper, stricter summary of the arguments and calls its la
 - integers, floats, bools, strings (constexprs and launch options such as ``num_warps`` included) and tuples of
   them: their exact values (Triton specialises integers on ``== 1``, ``% 16 == 0`` and the width, and compiles
   constexprs in; the exact value implies all of it);
-- TMA descriptors (``TensorDescriptor``): base dtype and alignment, shape, strides, block shape, layout, padding;
+- TMA descriptors (``TensorDescriptor``): base dtype and alignment, shape, strides, block shape, layout, padding
+  (:func:`descriptor_key`; precomputed by the descriptor's maker where it can, ``LAUNCH_KEY``);
 - the kernel, the grid (a tuple) and the current device.
 
 Any other argument (a reinterpreted tensor, ...) or a callable grid sends the launch through ``kernel[grid]``. The
@@ -39,9 +40,9 @@ class _Uncacheable(Exception):
 
 
 def _arg_key(a):
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
     t = type(a)
+    if t is torch.Tensor:  # the common case first: this runs for every argument of every launch
+        return (a.dtype, a.data_ptr() % 16 == 0)
     if a is None or t is int or t is str:
         return a
     if t is bool:  # an i1 argument or a flag, never confused with the int 1
@@ -50,11 +51,26 @@ def _arg_key(a):
         return (float, a)
     if t is tuple:
         return (tuple, tuple(map(_arg_key, a)))
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    key = getattr(a, LAUNCH_KEY, None)  # a descriptor that carries its summary (gluon_bwd.tensor_desc)
+    if key is not None:
+        return key
     base = getattr(a, "base", None)
     if isinstance(base, torch.Tensor) and all(hasattr(a, f) for f in ("shape", "strides", "block_shape", "layout")):
-        return ("desc", base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
-                tuple(a.block_shape), a.layout, getattr(a, "padding", None))
+        return descriptor_key(a)
     raise _Uncacheable(t.__name__)  # e.g. a reinterpreted tensor: Triton's own binder decides
+
+
+LAUNCH_KEY = "flashmask_launch_key"  # attribute name of a descriptor's precomputed :func:`descriptor_key`
+
+
+def descriptor_key(desc) -> tuple:
+    """The key of a TMA descriptor (``TensorDescriptor``): base dtype and 16-byte alignment, shape, strides, block
+    shape, layout, padding. A descriptor may carry it as the attribute ``LAUNCH_KEY`` when its maker guarantees
+    it (the same geometry and an aligned base)."""
+    return ("desc", desc.base.dtype, desc.base.data_ptr() % 16 == 0, tuple(desc.shape), tuple(desc.strides),
+            tuple(desc.block_shape), desc.layout, getattr(desc, "padding", None))
 
 
 def _device_and_stream() -> tuple:
@@ -79,7 +95,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         return
     device, stream = _device_and_stream()
     try:
-        key = (id(kernel), device, grid, tuple(map(_arg_key, args)), tuple((k, _arg_key(v)) for k, v in kwargs.items()))
+        key = (id(kernel), device, grid, tuple(map(_arg_key, args)), tuple(kwargs), tuple(map(_arg_key, kwargs.values())))
         entry = _cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable layout or constexpr
         key, entry = None, None

@@ -156,7 +156,7 @@ def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block, swizzl
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from flashmask import gluon_bwd
+    from flashmask import gluon_bwd, launch_cache
 
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     first, second = torch.zeros(shape, dtype=dtype), torch.ones(shape, dtype=dtype)
@@ -169,6 +169,7 @@ def test_tensor_desc_matches_from_tensor(shape, dtype, rows, cols, block, swizzl
         assert (list(got.shape), list(got.strides), list(got.block_shape)) == (list(ref.shape), list(ref.strides),
                                                                               list(ref.block_shape))
         assert got.layout == ref.layout and got.padding == ref.padding
+        assert launch_cache._arg_key(got) == launch_cache.descriptor_key(got)  # the carried key is the computed one
     with pytest.raises(ValueError, match="contiguous"):
         gluon_bwd.tensor_desc(t.transpose(0, 1), rows, cols, block)
 

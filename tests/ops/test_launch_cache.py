@@ -118,6 +118,16 @@ def test_the_same_descriptor_geometry_over_another_tensor_is_kept(monkeypatch):
     assert len(k.slow) == 1 and k.compiled.runs[0][1][0].base[0] == 1
 
 
+def test_a_descriptor_carrying_its_key_is_keyed_by_it(monkeypatch):
+    """A descriptor whose maker attached ``LAUNCH_KEY`` is keyed by that value, the same as the computed key."""
+    _direct_launches_on_gpu_only(monkeypatch)
+    k, plain, carried = _Kernel(), _Desc(torch.zeros(64), [4, 16]), _Desc(torch.ones(64), [4, 16])
+    setattr(carried, launch_cache.LAUNCH_KEY, launch_cache.descriptor_key(carried))
+    for d in (plain, carried):
+        launch_cache.launch(k, (1,), d, 32, 0.5, BLOCK=64, FLAG=False)
+    assert len(k.slow) == 1 and k.compiled.runs[0][1][0] is carried
+
+
 def test_unknown_arguments_and_callable_grids_go_through_triton(monkeypatch):
     """A reinterpreted tensor (a wrapper with a tensor ``base`` and no descriptor fields) and a grid function are
     left to Triton's binder, every time; nothing of theirs is kept."""
