@@ -93,3 +93,18 @@ def test_v3_masks_match_the_reference_definitions(monkeypatch):
     sri, causal = bench.build_v3_mask("causal_vec", s)
     assert causal and sri.shape == (1, 1, s, 1) and int(sri.min()) == int(sri.max()) == s
     assert bench.build_v3_mask("causal", s) == (None, True)
+
+
+def test_rounds_reverse_the_order_and_keep_each_minimum(monkeypatch):
+    calls, times = [], {"a": iter([2.0, 1.5]), "b": iter([1.0, 3.0])}
+
+    def fake_bench(fn, grads=None, warmup=10, rep=50):
+        key = fn()
+        calls.append((key, warmup, rep))
+        return next(times[key])
+
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    best = bench.bench_rounds([("a", lambda: "a", None), ("b", lambda: "b", None)], 2, 25, 150)
+    assert [c[0] for c in calls] == ["a", "b", "b", "a"]
+    assert all(c[1:] == (25, 150) for c in calls)
+    assert best == {"a": 1.5, "b": 1.0}

@@ -20,7 +20,9 @@ compiled (at the default limit of 8 it falls back to its unfused path, which run
 ``--v3`` runs the setting of FlashMask V3's same-run table (one H200, 2026-12-03; docs/kernel_notes.md: B = 1,
 H = 32, D = 128, bf16, its six masks at 8K and 16K, vectors on both sides; also ``causal [None]``) and
 prints, per row, our speed over FlexAttention beside V3's speed over FlexAttention from that run (``V3_OVER_FLEX``)
-and the ratio of the two: V3 cannot run here, so its same-run ratio to FlexAttention is the bar. With
+and the ratio of the two: V3 cannot run here, so its same-run ratio to FlexAttention is the bar. It times as
+that run did: ``do_bench(warmup=25, rep=150)`` medians, two rounds with the kernels' order reversed in the second,
+each kernel's minimum kept (``--rounds``, ``--warmup-ms``, ``--rep-ms`` set the same for any run). With
 ``--head-dim`` / ``--heads`` / ``--kv-heads`` it runs the same masks at another shape (V3 columns empty).
 
 Also: the bf16 matmul rate (8192^3 GEMM) measured in the same run, mask memory (ours: the int32 index tensor;
@@ -254,18 +256,30 @@ def ours_build_ms(sri, causal: bool, s: int, d: int) -> float:
     return sorted(times)[2]
 
 
-def bench(fn, grads=None, min_samples: int = 10) -> float:
-    """Median ms of ``fn`` over at least ``min_samples`` timed calls: ``do_bench`` with a 50 ms budget takes one
-    sample of a call longer than 25 ms (``full`` at 32K: about 130 ms; one sample read 138 ms where 20 give 127),
-    so the budget grows with the call."""
+def bench(fn, grads=None, min_samples: int = 10, warmup: float = 10, rep: float = 50) -> float:
+    """Median ms of ``fn`` over at least ``min_samples`` timed calls: ``do_bench`` with a ``rep`` ms budget takes
+    one sample of a call longer than ``rep / 2`` (``full`` at 32K: about 130 ms; one sample read 138 ms where 20
+    give 127), so the budget grows with the call."""
     from triton.testing import do_bench
 
-    ms = do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")
+    ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grads, return_mode="median")
     # do_bench takes int(rep / estimate) samples, its estimate including the L2 flush before each call: a budget of
     # min_samples + 2 calls keeps that at >= min_samples for calls of more than 5 flush times (about 0.5 ms)
-    if ms * (min_samples + 2) > 50:
-        ms = do_bench(fn, warmup=10, rep=ms * (min_samples + 2), grad_to_none=grads, return_mode="median")
+    if ms * (min_samples + 2) > rep:
+        ms = do_bench(fn, warmup=warmup, rep=ms * (min_samples + 2), grad_to_none=grads, return_mode="median")
     return ms
+
+
+def bench_rounds(cases: list, rounds: int, warmup: float, rep: float) -> dict:
+    """``{key: ms}``: each ``(key, fn, grads)`` case's minimum of :func:`bench` over ``rounds`` rounds, the order
+    of the cases reversed every other round, so that no kernel always runs after the same one (FlashMask V3's
+    same-run method: ``warmup=25, rep=150``, two rounds)."""
+    best: dict = {}
+    for r in range(rounds):
+        for key, fn, grads in cases if r % 2 == 0 else cases[::-1]:
+            ms = bench(fn, grads, warmup=warmup, rep=rep)
+            best[key] = min(ms, best.get(key, ms))
+    return best
 
 
 def run(args) -> list[dict]:
@@ -303,9 +317,6 @@ def run(args) -> list[dict]:
                 o.backward(do)
 
             ref = ours_f()
-            row["ours_fwd_ms"] = bench(ours_f)
-            row["ours_fb_ms"] = bench(ours_fb, leaves)
-
             row["ours_build_ms"] = ours_build_ms(sri, causal, s, d)
             bm, row["flex_build_ms_first"] = fm.block_mask(sri, causal)
             bm, row["flex_build_ms"] = fm.block_mask(sri, causal)
@@ -314,12 +325,16 @@ def run(args) -> list[dict]:
                 bm = None
             fo = flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa)
             row["flex_vs_ours_maxdiff"] = float((fo.transpose(1, 2).float() - ref.float()).abs().max())
-            row["flex_fwd_ms"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa))
 
-            def flex_fb():
+            def flex_f(bm=bm):
+                return flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa)
+
+            def flex_fb(bm=bm):
                 flex(*leaves_t, block_mask=bm, scale=scale, **gqa).backward(dot)
 
-            row["flex_fb_ms"] = bench(flex_fb, leaves_t)
+            row.update(bench_rounds([("ours_fwd_ms", ours_f, None), ("ours_fb_ms", ours_fb, leaves),
+                                     ("flex_fwd_ms", flex_f, None), ("flex_fb_ms", flex_fb, leaves_t)],
+                                    args.rounds, args.warmup_ms, args.rep_ms))
 
             if sri is None:
                 for tag, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -523,6 +538,11 @@ def main(argv=None):
     p.add_argument("--dense-max-s", type=int, default=8192, help="largest S for the SDPA dense-mask baseline")
     p.add_argument("--memory-seq", type=int, default=0, help="also one causal-document pack of this length")
     p.add_argument("--out", default=None, help="append JSON lines here")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="rounds of timing ours and flex, the order reversed every other round, each one's minimum "
+                        "kept (default 1; --v3: 2, the reference's method)")
+    p.add_argument("--warmup-ms", type=float, default=0, help="do_bench warm-up (default 10; --v3: 25)")
+    p.add_argument("--rep-ms", type=float, default=0, help="do_bench budget per timing (default 50; --v3: 150)")
     p.add_argument("--v3", action="store_true",
                    help="FlashMask V3's same-run setting instead: B=1, its six masks at 8K and 16K (vectors on both "
                         "sides) and, at its H=32, D=128, V3's ratio to FlexAttention beside ours; --head-dim, "
@@ -531,6 +551,9 @@ def main(argv=None):
     if args.v3:
         args.seqs, args.masks = args.seqs or ",".join(map(str, V3_SEQS)), ",".join(V3_MASKS)
         args.tokens, args.dense_max_s = 1, 0
+    args.rounds = args.rounds or (2 if args.v3 else 1)
+    args.warmup_ms = args.warmup_ms or (25 if args.v3 else 10)
+    args.rep_ms = args.rep_ms or (150 if args.v3 else 50)
     args.seqs = [int(x) for x in (args.seqs or "8192,16384,32768").split(",") if x]
     args.masks = [m for m in args.masks.split(",") if m]
     if args.kv_heads and args.heads % args.kv_heads:
