@@ -70,14 +70,21 @@ def test_smollm2_chat_template_pack_equals_alone(smollm2):
 
 @pytest.mark.slow
 def test_smollm2_dpo_config_improves_dev_rewards(tmp_path):
-    """config/smollm2/dpo.json end to end (about 1m40 on 2 free cores): dev reward accuracy and margin rise."""
+    """config/smollm2/dpo.json end to end, shortened to 12 steps at learning rate 3e-5 (the config: 24 at 1e-5)
+    and scored on the first 40 of the 83 dev pairs: about 2.6 min on one thread, half the full run's time. Dev reward
+    accuracy and margin rise from 0 (policy = reference) to 0.8 and 0.44 here; the full config on the whole dev set
+    reaches 0.855 and 0.387 (docs/alignment.md)."""
     import os
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "llm"))
     import run_dpo
 
-    summary = run_dpo.main(["config/smollm2/dpo.json", "--output_dir", str(tmp_path / "dpo"), "--report_to", "none"])
+    dev = tmp_path / "dev.jsonl"
+    with open("data/preference/dev.jsonl") as f:
+        dev.write_text("".join(f.readlines()[:40]))
+    summary = run_dpo.main(["config/smollm2/dpo.json", "--output_dir", str(tmp_path / "dpo"), "--report_to", "none",
+                            "--dev_dataset_path", str(dev), "--max_steps", "12", "--learning_rate", "3e-5"])
     before, after = summary["dev_before"], summary["dev_after"]
     assert after["eval_rewards/accuracies"] >= 0.7 > before["eval_rewards/accuracies"]
     assert after["eval_rewards/margins"] > before["eval_rewards/margins"] + 0.1
