@@ -51,22 +51,6 @@ def tmp(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ref(tmp):
-    spec = [
-        {"name": "ref", "end": 4, "export": str(tmp / "hf_ref"), "eval_after": True},
-        {"name": "ref_tied", "end": 4, "tied": True},
-        {"name": "ref_micro2", "end": 4, "micro": 2, "export": str(tmp / "hf_ref_micro2")},
-        {"name": "ref_micro4", "end": 4, "micro": 4},
-        {"name": "lora", "end": 3, "lora": True, "adapters": str(tmp / "lora_ref")},
-        {"name": "clip", "end": 3, "clip": 1.0},
-        {"name": "ernie", "end": 3, "model": "ernie"},
-        {"name": "ref_vocab127_tied", "end": 3, "tied": True, "vocab": 127},
-        {"name": "reward", "end": 3, "model": "reward"},
-    ]
-    return _run(spec, 1, tmp)
-
-
-@pytest.fixture(scope="module")
 def tol(ref):
     noise = max(abs(a - b) / abs(b) for k in ("ref_micro2", "ref_micro4") for key in ("losses", "grad_norms")
                 for a, b in zip(ref[k][key], ref["ref"][key]))
@@ -74,7 +58,7 @@ def tol(ref):
 
 
 @pytest.fixture(scope="module")
-def world2(tmp, ref):
+def world2(tmp):
     fsdp = {"sharding": 2, "sharding_stage": "stage2"}
     tp = {"sharding": 1, "tp": 2}
     ck = str(tmp / "ck_fsdp2")
@@ -111,6 +95,24 @@ def world2(tmp, ref):
          "tied": True},
     ]
     return _run(spec, 2, tmp)
+
+
+@pytest.fixture(scope="module")
+def ref(tmp, world2):
+    """The one-process runs, in one launch after ``world2`` (whose TP export ``reload`` loads)."""
+    spec = [
+        {"name": "ref", "end": 4, "export": str(tmp / "hf_ref"), "eval_after": True},
+        {"name": "ref_tied", "end": 4, "tied": True},
+        {"name": "ref_micro2", "end": 4, "micro": 2, "export": str(tmp / "hf_ref_micro2")},
+        {"name": "ref_micro4", "end": 4, "micro": 4},
+        {"name": "lora", "end": 3, "lora": True, "adapters": str(tmp / "lora_ref")},
+        {"name": "clip", "end": 3, "clip": 1.0},
+        {"name": "ernie", "end": 3, "model": "ernie"},
+        {"name": "ref_vocab127_tied", "end": 3, "tied": True, "vocab": 127},
+        {"name": "reward", "end": 3, "model": "reward"},
+        {"name": "reload", "from_pretrained": str(tmp / "hf_tp"), "end": 4, "start": 4, "eval_after": True},
+    ]
+    return _run(spec, 1, tmp)
 
 
 @pytest.fixture(scope="module")
@@ -251,9 +253,7 @@ def test_export_hf_dir_is_whole(world2, ref, tmp, tol):
         for k in want:
             assert got[k].shape == want[k].shape, k
             torch.testing.assert_close(got[k], want[k], rtol=0, atol=w_tol, msg=lambda m, k=k: f"{d}/{k}: {m}")
-    reloaded = _run([{"name": "reload", "from_pretrained": str(tmp / "hf_tp"), "end": 4, "start": 4,
-                      "eval_after": True}], 1, tmp, "reload")
-    assert abs(reloaded["reload"]["eval_loss"] - world2["reshard_to_tp"]["eval_loss"]) <= 1e-6
+    assert abs(ref["reload"]["eval_loss"] - world2["reshard_to_tp"]["eval_loss"]) <= 1e-6
     assert abs(world2["reshard_to_tp"]["eval_loss"] - ref["ref"]["eval_loss"]) <= tol * ref["ref"]["eval_loss"]
 
 

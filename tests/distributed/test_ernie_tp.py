@@ -41,14 +41,9 @@ def tmp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(tmp):
-    """All runs, in dependency order (checkpoints are written before they are loaded)."""
+    """All runs, in dependency order (checkpoints are written before they are loaded); the one-process runs,
+    references and loads, go last in one launch."""
     ck_tp, ck_fxt = str(tmp / "ck_tp"), str(tmp / "ck_fxt")
-    one = _run([
-        {"name": "ref", "end": 4, **E, "eval_after": True},
-        {"name": "init", "end": 0, **E, "export": str(tmp / "hf_init_ref")},
-        {"name": "ref_micro2", "end": 4, "micro": 2, **E},
-        {"name": "lora", "end": 3, "lora": True, **E, "adapters": str(tmp / "lora_ref")},
-    ], 1, tmp, "e1")
     two = _run([
         {"name": "tp", "layout": TP, "end": 4, **E, "export": str(tmp / "hf_tp"), "record_local_shapes": True,
          "eval_after": True},
@@ -65,13 +60,17 @@ def runs(tmp):
         {"name": "fsdp_x_tp_from_tp", "layout": FSDP_TP, "start": 2, "end": 4, "load": ck_tp, **E},
         {"name": "save_fsdp_x_tp", "layout": FSDP_TP, "end": 2, "save_at": 2, "save": ck_fxt, **E},
     ], 4, tmp, "e4")
-    back = _run([
+    one = _run([
+        {"name": "ref", "end": 4, **E, "eval_after": True},
+        {"name": "init", "end": 0, **E, "export": str(tmp / "hf_init_ref")},
+        {"name": "ref_micro2", "end": 4, "micro": 2, **E},
+        {"name": "lora", "end": 3, "lora": True, **E, "adapters": str(tmp / "lora_ref")},
         {"name": "one_from_tp", "start": 2, "end": 4, "load": ck_tp, **E},
         {"name": "one_from_fsdp_x_tp", "start": 2, "end": 4, "load": ck_fxt, **E},
         {"name": "reload_tp_export", "from_pretrained": str(tmp / "hf_tp"), "start": 4, "end": 4, "eval_after": True,
          **E},
-    ], 1, tmp, "e1load")
-    return {**one, **two, **four, **back}
+    ], 1, tmp, "e1")
+    return {**one, **two, **four}
 
 
 @pytest.fixture(scope="module")
