@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from paddlenlp_ext.trainer import Trainer, finalize_sft_args, set_seed
+from paddlenlp_ext.trainer import finalize_sft_args, set_seed
 from paddlenlp_ext.trainer.argparser import PdArgumentParser
 from paddlenlp_ext.trainer.launch import (clear_previous_run, finish, init_parallel_dims, is_distributed,
                                          keep_final_model, lora_plus_optimizer, output_dir_lock, require_model_path,
@@ -141,8 +141,11 @@ def _run(start, model_args, data_args, training_args, chat_args) -> dict:
     # before any loading: a bad output_dir fails fast
     resume = resume_target(training_args, model_args.model_name_or_path)
 
+    # the Trainer and what it imports (transformers among them) load here, after the argument and output_dir checks:
+    # --help and a config mistake answer without them
     from paddlenlp_ext.datasets import create_sft_datasets, make_sft_collator, set_chat_template
     from paddlenlp_ext.datasets.task_data import prepare_task_data
+    from paddlenlp_ext.trainer import Trainer
     from paddlenlp_ext.transformers import AutoTokenizer
 
     # finetune_generation.py's built-in sets (task_name squad): converted from a local copy, before any loading
