@@ -326,10 +326,10 @@ def run(args) -> list[dict]:
             fo = flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa)
             row["flex_vs_ours_maxdiff"] = float((fo.transpose(1, 2).float() - ref.float()).abs().max())
 
-            def flex_f(bm=bm):
+            def flex_f():
                 return flex(qt, kt, vt, block_mask=bm, scale=scale, **gqa)
 
-            def flex_fb(bm=bm):
+            def flex_fb():
                 flex(*leaves_t, block_mask=bm, scale=scale, **gqa).backward(dot)
 
             row.update(bench_rounds([("ours_fwd_ms", ours_f, None), ("ours_fb_ms", ours_fb, leaves),
