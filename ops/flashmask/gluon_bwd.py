@@ -38,12 +38,14 @@ finish, so it is not bitwise reproducible: ``deterministic=True`` keeps the Trit
 
 from __future__ import annotations
 
+import torch
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
 
 from . import launch_cache
@@ -380,8 +382,6 @@ def flashmask_bwd_gluon_kernel(
 def _nvmma_layout(block: tuple, dtype, swizzle: bool = True):
     """The default NVMMA shared layout of a ``block`` box of torch ``dtype``, or the unswizzled one (built once per
     descriptor geometry: :func:`tensor_desc` keeps the fields)."""
-    import torch
-
     dt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     if not swizzle:
         return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=dt.primitive_bitwidth, rank=len(block))
@@ -397,8 +397,6 @@ def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True)
     ``rows * cols`` elements (``ValueError`` otherwise). Triton validates the first descriptor of each geometry;
     later ones copy its fields (with their ``launch_cache`` key: the same geometry on an aligned base) and swap the
     base (a launch builds up to nine, and validation is most of their host cost)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     if not t.is_contiguous() or t.numel() != rows * cols:
         raise ValueError(f"gluon_bwd.tensor_desc: a contiguous tensor of {rows} x {cols} elements is needed; got "
                          f"shape {tuple(t.shape)}, strides {t.stride()}")
@@ -419,8 +417,6 @@ def tensor_desc(t, rows: int, cols: int, block: list[int], swizzle: bool = True)
 
 def check_operands(where: str, do, q, k, v) -> None:
     """``ValueError`` (naming ``where`` and the tensor) unless do, q, k, v are contiguous and all bf16 or all fp16."""
-    import torch
-
     for name, t in (("do", do), ("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16) or t.dtype != q.dtype or not t.is_contiguous():
             raise ValueError(f"{where}: {name} must be contiguous {q.dtype} (bf16 or fp16); got {t.dtype}, "
@@ -456,8 +452,6 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         ValueError: a shape or layout outside the kernel's scope (named in the message): the tail of a
             sequence that is not a multiple of the tile would otherwise be left uncomputed.
     """
-    import torch
-
     if q.shape[-1] == 256:
         from . import gluon_bwd256
 

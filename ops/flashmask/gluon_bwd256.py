@@ -30,6 +30,7 @@ Source: FlashAttention-3's head-dim-256 backward (Shah et al., 2024; ``hopper/fl
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -248,8 +249,6 @@ def launch(do, q, k, v, lse2, delta, dq_accum, lists, order, mv, causal: bool, s
         ValueError: D other than 256, ``S_q`` or ``S_k`` not a multiple of 64, or a tensor that is not contiguous
             bf16 / fp16 (named in the message).
     """
-    import torch
-
     bm, bn = BLOCK_M.value, BLOCK_N.value
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]

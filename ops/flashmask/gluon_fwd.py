@@ -29,6 +29,7 @@ and the products without the overlap measured 0.96-1.14x.
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -237,8 +238,6 @@ def launch(q, k, v, lists, order, mv, causal: bool, scale: float, log2e: float):
     Raises:
         ValueError: a shape, dtype or layout outside the kernel's scope (named in the message).
     """
-    import torch
-
     b, s_q, h_q, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     bm, bn, stages = tiles(d)

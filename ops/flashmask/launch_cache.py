@@ -28,6 +28,8 @@ every call goes through ``kernel[grid]``. The direct call is the one ``JITFuncti
 from __future__ import annotations
 
 import torch
+from triton import knobs
+from triton.runtime.driver import driver
 
 from .env import interpreting
 
@@ -76,8 +78,6 @@ def descriptor_key(desc) -> tuple:
 def _device_and_stream() -> tuple:
     """The current device and its raw stream, where Triton launches (as ``JITFunction.run``); a compiled kernel's
     function handle belongs to one device, so the device is part of the key."""
-    from triton.runtime.driver import driver
-
     active = driver.active
     device = active.get_current_device()
     return device, active.get_current_stream(device)
@@ -112,8 +112,6 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         return
     _, compiled, tail = entry
     full = args + tuple(kwargs[nm] for nm in tail) if tail else args
-    from triton import knobs
-
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
     g = grid + (1, 1)

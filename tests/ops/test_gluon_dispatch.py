@@ -194,6 +194,7 @@ def test_import_failure_falls_back_to_triton(monkeypatch):
     monkeypatch.setattr(tf, "gluon_bwd_eligible", lambda *a, **k: not tf._FAILED["backward"])
     monkeypatch.setitem(tf._FAILED, "backward", [])
     monkeypatch.delattr(flashmask, "gluon_bwd", raising=False)
+    monkeypatch.setattr(tf, "_GLUON_MODULES", {})  # as in a process that has not launched a Gluon kernel yet
     monkeypatch.setitem(sys.modules, "flashmask.gluon_bwd", None)  # the import raises ModuleNotFoundError
     with pytest.warns(RuntimeWarning, match="Gluon backward failed.*ModuleNotFoundError"):
         got = _grads()
@@ -266,6 +267,7 @@ def test_missing_gluon_api_runs_triton_kernels_with_one_warning(monkeypatch, mis
 
     for which in ("gluon_fwd", "gluon_bwd"):
         monkeypatch.delattr(flashmask, which, raising=False)
+    monkeypatch.setattr(tf, "_GLUON_MODULES", {})
     monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ModuleNotFoundError
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
