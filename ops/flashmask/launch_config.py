@@ -92,7 +92,7 @@ def dp_first(d_pad: int) -> bool:
     return d_pad != 128
 
 
-_WORKING_STAGES: dict = {}  # (kernel, constexprs) -> num_stages that fit in shared memory
+_WORKING_STAGES: dict = {}  # (id(kernel), constexprs) -> fewer num_stages than asked that fit in shared memory
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -104,12 +104,17 @@ def launch(kernel, grid, *args, **kwargs):
     Raises:
         triton.runtime.errors.OutOfResources: even one stage does not fit.
     """
-    key = (kernel, tuple(kwargs.items()))  # a call site passes its keywords in one order
-    stages = _WORKING_STAGES.get(key, kwargs.get("num_stages", 1))
+    # keyed by the kernel's id: hashing a JITFunction runs Python code (its cache key), twice per launch here;
+    # the kernels are module-level objects that live as long as the process. A call site passes its keywords in
+    # one order.
+    key = (id(kernel), tuple(kwargs.items()))
+    asked = kwargs.get("num_stages", 1)
+    stages = _WORKING_STAGES.get(key, asked)
     while True:
         try:
-            launch_cache.launch(kernel, grid, *args, **dict(kwargs, num_stages=stages))
-            _WORKING_STAGES[key] = stages
+            launch_cache.launch(kernel, grid, *args, **(kwargs if stages == asked else dict(kwargs, num_stages=stages)))
+            if stages != asked:
+                _WORKING_STAGES[key] = stages
             return
         except triton.runtime.errors.OutOfResources:
             if stages <= 1:

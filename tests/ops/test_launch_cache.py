@@ -170,3 +170,42 @@ def test_the_interpreter_is_called_every_time(monkeypatch):
     for _ in range(2):
         launch_cache.launch(k, (1,), x, 32, 0.5, BLOCK=64, FLAG=False)
     assert len(k.slow) == 2 and k.compiled.runs == []
+
+
+def test_stage_retry_on_shared_memory_remembers_the_count_that_fits(monkeypatch):
+    """``launch_config.launch``: a tile whose pipeline does not fit in shared memory is retried with fewer stages
+    (a warning per retry), and later launches of the same kernel and constexprs start from the count that fit."""
+    import triton
+
+    from flashmask import launch_config
+
+    calls = []
+
+    def fake_launch(kernel, grid, *args, **kwargs):
+        calls.append(kwargs["num_stages"])
+        if kwargs["num_stages"] > 1:
+            raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+
+    def kernel():
+        pass
+
+    kernel.fn = kernel  # the warning names kernel.fn.__name__, as a JITFunction's
+    monkeypatch.setattr(launch_config.launch_cache, "launch", fake_launch)
+    monkeypatch.setattr(launch_config, "_WORKING_STAGES", {})
+    with pytest.warns(RuntimeWarning) as record:
+        launch_config.launch(kernel, (1,), 7, D=64, num_stages=3)
+    assert [str(w.message).split(": ", 1)[1] for w in record] == [
+        "out of shared memory with num_stages=3, retrying with num_stages=2",
+        "out of shared memory with num_stages=2, retrying with num_stages=1"]
+    assert calls == [3, 2, 1]
+    launch_config.launch(kernel, (1,), 7, D=64, num_stages=3)
+    assert calls == [3, 2, 1, 1]  # remembered: no failed attempt
+    launch_config.launch(kernel, (1,), 7, D=128, num_stages=1)  # other constexprs: as asked
+    assert calls == [3, 2, 1, 1, 1]
+
+    def never_fits(kernel, grid, *args, **kwargs):
+        raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(launch_config.launch_cache, "launch", never_fits)
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        launch_config.launch(kernel, (1,), 7, D=256, num_stages=1)
