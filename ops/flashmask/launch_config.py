@@ -106,13 +106,14 @@ def launch(kernel, grid, *args, **kwargs):
     """
     # keyed by the kernel's id: hashing a JITFunction runs Python code (its cache key), twice per launch here;
     # the kernels are module-level objects that live as long as the process. A call site passes its keywords in
-    # one order.
+    # one order; the keywords are copied only to change num_stages.
     key = (id(kernel), tuple(kwargs.items()))
     asked = kwargs.get("num_stages", 1)
     stages = _WORKING_STAGES.get(key, asked)
     while True:
         try:
-            launch_cache.launch(kernel, grid, *args, **(kwargs if stages == asked else dict(kwargs, num_stages=stages)))
+            run = kwargs if kwargs.get("num_stages") == stages else dict(kwargs, num_stages=stages)
+            launch_cache.launch(kernel, grid, *args, **run)
             if stages != asked:
                 _WORKING_STAGES[key] = stages
             return

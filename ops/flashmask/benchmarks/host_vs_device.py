@@ -28,7 +28,7 @@ DEFAULT_MASKS = ("v3_causal_document", "v3_sliding_window_1024", "v3_document_bi
 COLUMNS = ("device_ms", "b2b_ms", "do_bench_ms", "host_ms")
 
 
-def device_ms(fn, grads, calls: int) -> float:
+def device_ms(fn, calls: int) -> float:
     """Summed GPU kernel time of one ``fn()`` (ms), over ``calls`` calls under torch.profiler."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -36,21 +36,17 @@ def device_ms(fn, grads, calls: int) -> float:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            for x in grads:
-                x.grad = None
             fn()
         torch.cuda.synchronize()
     return sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA) / calls / 1e3
 
 
-def back_to_back_ms(fn, grads, calls: int) -> float:
-    """CUDA-event time of ``calls`` calls issued back to back, per call (ms)."""
+def back_to_back_ms(fn, calls: int) -> float:
+    """CUDA-event time of ``calls`` calls of ``fn()`` issued back to back, per call (ms)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
     for _ in range(calls):
-        for x in grads:
-            x.grad = None
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -119,15 +115,15 @@ def main(argv=None) -> None:
             flex(*leaves_t, block_mask=bm, scale=d ** -0.5, **gqa).backward(do_t)
 
         for impl, fn, grads in (("ours", ours, leaves), ("flex", flex_fb, leaves_t)):
-            def call(fn=fn, grads=grads):
+            def call(fn=fn, grads=grads):  # one forward + backward() with fresh gradients
                 for x in grads:
                     x.grad = None
                 fn()
 
             for _ in range(5):
                 call()
-            row = dict(mask=name, impl=impl, device_ms=device_ms(fn, grads, args.calls),
-                       b2b_ms=back_to_back_ms(fn, grads, args.calls),
+            row = dict(mask=name, impl=impl, device_ms=device_ms(call, args.calls),
+                       b2b_ms=back_to_back_ms(call, args.calls),
                        do_bench_ms=do_bench(fn, warmup=25, rep=150, grad_to_none=grads, return_mode="median"),
                        host_ms=host_us(call, big, args.calls)[0] / 1e3)
             rows.append(row)
