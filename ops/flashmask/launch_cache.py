@@ -22,19 +22,43 @@ kernel, the check that globals it reads are unchanged, and Triton knobs changed 
 Equal keys therefore mean equal specialisations, and a key seen for the first time goes through
 ``kernel[grid](...)`` (compiling if Triton has no kernel yet), whose result is kept. Under ``TRITON_INTERPRET=1``
 every call goes through ``kernel[grid]``. The direct call is the one ``JITFunction.run`` makes in Triton 3.6 to 3.9
-(``CompiledKernel.run`` with the launch hooks of ``triton.knobs.runtime``).
+(``CompiledKernel.run`` with the launch hooks of ``triton.knobs.runtime``); the launch metadata that only launch
+hooks read is built only while a hook is registered.
+
+On Triton 3.6 with no launch hook registered, a kept kernel is launched one level lower, through the compiled C
+launcher that ``CompiledKernel.run`` wraps (:func:`_raw_launcher`): tensors go in as their ``data_ptr()`` (the
+launcher then skips its per-pointer ``cuPointerGetAttribute`` check; the key already holds their dtype, and
+every tensor of a kept launch is a CUDA tensor), and each TMA descriptor as the ``CUtensorMap`` Triton would
+encode for it, kept per kept kernel, argument position and base address (the geometry is part of the key, so the
+address determines the map). That skips about 40 µs of Python and driver calls per Gluon launch on an H200 host
+(docs/kernel_notes.md). A kernel with global or profile scratch memory, or a launcher of another layout, keeps
+the ``CompiledKernel.run`` call.
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
+import triton
 from triton import knobs
 from triton.runtime.driver import driver
 
 from .env import interpreting
 
 _MAX_ENTRIES = 512  # distinct (kernel, shape) launches kept; a training run sees a handful of sequence lengths
+_MAX_TMA_MAPS = 256  # encoded descriptors kept per kept kernel (argument position x base address)
 _cache: dict = {}
+
+# Triton 3.6's launcher layout (backends/nvidia/driver.py: CudaLauncher, wrap_handle_tensordesc), the one the raw
+# launch below follows; any other release keeps the CompiledKernel.run call.
+_RAW_LAYOUT = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) == (3, 6)
+if _RAW_LAYOUT:
+    try:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+    except ImportError:  # a build without the NVIDIA backend
+        _RAW_LAYOUT = False
+_HOOK_CHAIN = getattr(knobs, "HookChain", None)
 
 
 class _Uncacheable(Exception):
@@ -44,7 +68,7 @@ class _Uncacheable(Exception):
 def _arg_key(a):
     t = type(a)
     if t is torch.Tensor:  # the common case first: this runs for every argument of every launch
-        return (a.dtype, a.data_ptr() % 16 == 0)
+        return (a.dtype, a.data_ptr() % 16 == 0, a.is_cuda)
     if a is None or t is int or t is str:
         return a
     if t is bool:  # an i1 argument or a flag, never confused with the int 1
@@ -54,7 +78,7 @@ def _arg_key(a):
     if t is tuple:
         return (tuple, tuple(map(_arg_key, a)))
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
+        return (a.dtype, a.data_ptr() % 16 == 0, a.is_cuda)
     key = getattr(a, LAUNCH_KEY, None)  # a descriptor that carries its summary (gluon_bwd.tensor_desc)
     if key is not None:
         return key
@@ -83,6 +107,79 @@ def _device_and_stream() -> tuple:
     return device, active.get_current_stream(device)
 
 
+def _hooks_idle(enter, leave) -> bool:
+    """No launch hook is registered: each is None or an empty ``HookChain`` (Triton 3.6's default)."""
+    return ((enter is None or (type(enter) is _HOOK_CHAIN and not enter.calls))
+            and (leave is None or (type(leave) is _HOOK_CHAIN and not leave.calls)))
+
+
+class _Entry:
+    """A kept kernel: the compiled kernel, the names of the keyword parameters in signature order, and its raw
+    launch (:func:`_raw_launcher`; None where only ``CompiledKernel.run`` is known) with the encoded descriptors."""
+
+    __slots__ = ("kernel", "compiled", "tail", "raw", "flags", "pointers", "descs", "maps")
+
+    def __init__(self, kernel, compiled, tail, full):
+        self.kernel, self.compiled, self.tail = kernel, compiled, tail
+        self.raw, self.flags, self.pointers, self.descs = _raw_launcher(compiled, full) or (None, (), (), ())
+        self.maps: dict = {}  # (position, base address) -> the descriptor's launcher arguments
+
+
+def _raw_launcher(compiled, full: tuple):
+    """``(c_launch, (cooperative, pdl), tensor positions, ((descriptor position, its metadata), ...))`` for a
+    compiled kernel of Triton 3.6 launched with the arguments ``full``, or None: another release, a kernel with
+    scratch memory, a launcher of another layout, a descriptor without a tensor base or without metadata.
+
+    ``c_launch`` is the compiled C function ``CudaLauncher.__call__`` ends in, found as ``CudaLauncher.launch``
+    itself or as the ``launcher`` that ``wrap_handle_tensordesc`` closes over."""
+    if not _RAW_LAYOUT:
+        return None
+    run = getattr(compiled, "run", None)
+    if getattr(run, "global_scratch_size", None) != 0 or getattr(run, "profile_scratch_size", None) != 0:
+        return None
+    fn = getattr(run, "launch", None)
+    code = getattr(fn, "__code__", None)
+    if code is None:  # the C function: no descriptor arguments
+        c_launch, descs = fn, ()
+    else:
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+        c_launch, at, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+        if not isinstance(at, (set, frozenset)) or not isinstance(metas, (list, tuple)) or len(at) != len(metas):
+            return None
+        descs = tuple(zip(sorted(at), metas))
+        if any(not isinstance(m, dict) or i >= len(full) or not isinstance(getattr(full[i], "base", None), torch.Tensor)
+               for i, m in descs):
+            return None
+    if c_launch is None or not callable(c_launch) or hasattr(c_launch, "__code__"):  # a Python function: unknown
+        return None
+    pointers = tuple(i for i, a in enumerate(full) if isinstance(a, torch.Tensor))
+    flags = (getattr(run, "launch_cooperative_grid", None), getattr(run, "launch_pdl", None))
+    if None in flags:
+        return None
+    return c_launch, flags, pointers, descs
+
+
+def _launch_raw(entry: _Entry, g: tuple, stream, full: tuple) -> None:
+    """``entry``'s kernel through its C launcher: tensors as addresses, descriptors as their encoded maps (encoded
+    by Triton's own ``make_tensordesc_arg`` the first time a position sees a base address)."""
+    out = list(full)
+    for i in entry.pointers:
+        out[i] = out[i].data_ptr()
+    maps = entry.maps
+    for i, meta in reversed(entry.descs):  # from the end: splicing a descriptor's fields keeps earlier positions
+        desc = out[i]
+        mk = (i, desc.base.data_ptr())
+        fields = maps.get(mk)
+        if fields is None:
+            if len(maps) >= _MAX_TMA_MAPS:
+                maps.clear()
+            fields = maps[mk] = make_tensordesc_arg(desc, meta)
+        out[i:i + 1] = fields
+    compiled = entry.compiled
+    entry.raw(g[0], g[1], g[2], stream, compiled.function, *entry.flags, None, None, compiled.packed_metadata, None,
+              None, None, *out)
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)`` for a ``@triton.jit`` / ``@gluon.jit`` kernel, where every parameter is
     passed (positionally, then constexprs by keyword in signature order or any order) and launch options such as
@@ -99,7 +196,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         entry = _cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable layout or constexpr
         key, entry = None, None
-    if entry is not None and entry[0] is not kernel:  # the id of a kernel since freed
+    if entry is not None and entry.kernel is not kernel:  # the id of a kernel since freed
         entry = None
     if entry is None:
         compiled = kernel[grid](*args, **kwargs)
@@ -108,13 +205,20 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
                 _cache.clear()
             tail = tuple(kernel.arg_names[len(args):])
             if all(nm in kwargs for nm in tail):
-                _cache[key] = (kernel, compiled, tail)
+                _cache[key] = _Entry(kernel, compiled, tail, args + tuple(kwargs[nm] for nm in tail))
         return
-    _, compiled, tail = entry
+    tail = entry.tail
     full = args + tuple(kwargs[nm] for nm in tail) if tail else args
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
     g = grid + (1, 1)
+    if _hooks_idle(enter, leave):
+        if entry.raw is not None:
+            _launch_raw(entry, g, stream, full)
+            return
+        meta = None  # read by launch hooks only
+    else:
+        meta = entry.compiled.launch_metadata(grid, stream, *full)
+    compiled = entry.compiled
     compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata, meta, enter, leave, *full)
 
 

@@ -209,3 +209,97 @@ def test_stage_retry_on_shared_memory_remembers_the_count_that_fits(monkeypatch)
     monkeypatch.setattr(launch_config.launch_cache, "launch", never_fits)
     with pytest.raises(triton.runtime.errors.OutOfResources):
         launch_config.launch(kernel, (1,), 7, D=256, num_stages=1)
+
+
+class _CLauncher:
+    """Stands in for Triton 3.6's compiled C launch function (a callable without Python code)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
+    """The shape of Triton 3.6's ``wrap_handle_tensordesc``: a closure over the C launcher."""
+    def inner(*args):
+        return launcher, tensordesc_indices, tensordesc_meta
+    return inner
+
+
+class _Run:
+    """Triton 3.6's ``CudaLauncher``: ``launch`` and the fields of a kernel without scratch memory."""
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, launch):
+        self.launch, self.calls = launch, []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+class _DescKernel(_Kernel):
+    """A kernel of ``(D0 descriptor, X, n, BLOCK: constexpr)`` compiled by Triton 3.6."""
+    arg_names = ["D0", "X", "n", "BLOCK"]
+
+    def __init__(self, scratch=0):
+        super().__init__()
+        self.c_launch = _CLauncher()
+        self.compiled.run = _Run(_wrap_handle_tensordesc(self.c_launch, {0}, [{"swizzle": 3}]))
+        self.compiled.run.global_scratch_size = scratch
+
+
+def _raw_layout(monkeypatch) -> list:
+    """Triton 3.6's launcher layout, with a recording stand-in for its descriptor encoder."""
+    encoded = []
+
+    def encode(desc, meta):
+        encoded.append(desc.base.data_ptr())
+        return ["map", meta["swizzle"], desc.base.data_ptr(), *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(launch_cache, "_RAW_LAYOUT", True)
+    monkeypatch.setattr(launch_cache, "make_tensordesc_arg", encode, raising=False)
+    return encoded
+
+
+def test_kept_kernels_launch_through_the_c_launcher_with_addresses_and_encoded_descriptors(monkeypatch):
+    """With no launch hook, a kept kernel goes to the compiled C launcher: tensors as ``data_ptr()``, each
+    descriptor spliced as its encoded fields, encoded once per base address."""
+    _direct_launches_on_gpu_only(monkeypatch)
+    encoded = _raw_layout(monkeypatch)
+    k, a, b, x = _DescKernel(), torch.zeros(64), torch.ones(64), torch.zeros(16)
+    for base in (a, a, b, a):
+        launch_cache.launch(k, (3, 2), _Desc(base, [4, 16]), x, 32, BLOCK=64)
+    assert len(k.slow) == 1 and k.compiled.runs == [] and k.compiled.run.calls == []
+    assert encoded == [a.data_ptr(), b.data_ptr()]  # the first launch is Triton's own
+    head = ((3, 2, 1), 0, 7, False, True, None, None, k.compiled.packed_metadata, None, None, None)
+    assert [(c[:3], *c[3:13]) for c in k.c_launch.calls] == [head] * 3
+    assert [c[13:] for c in k.c_launch.calls] == [
+        ("map", 3, p, 4, 16, 16, 1, x.data_ptr(), 32, 64) for p in (a.data_ptr(), b.data_ptr(), a.data_ptr())]
+
+
+def test_a_registered_launch_hook_gets_triton_launch_with_its_metadata(monkeypatch):
+    """A profiler's launch hook (proton, ...) sees every launch: then the kept kernel runs through
+    ``CompiledKernel.run`` with the launch metadata and the hooks."""
+    _direct_launches_on_gpu_only(monkeypatch)
+    _raw_layout(monkeypatch)
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+    k, x = _DescKernel(), torch.zeros(16)
+    for _ in range(2):
+        launch_cache.launch(k, (1,), _Desc(torch.zeros(64), [4, 16]), x, 32, BLOCK=64)
+    assert k.c_launch.calls == [] and len(k.compiled.run.calls) == 1
+    assert k.compiled.run.calls[0][7] == seen.append  # the enter hook, called by the launcher
+
+
+def test_a_kernel_with_scratch_memory_keeps_the_compiled_kernel_call(monkeypatch):
+    _direct_launches_on_gpu_only(monkeypatch)
+    _raw_layout(monkeypatch)
+    k, x = _DescKernel(scratch=128), torch.zeros(16)
+    for _ in range(2):
+        launch_cache.launch(k, (1,), _Desc(torch.zeros(64), [4, 16]), x, 32, BLOCK=64)
+    assert k.c_launch.calls == [] and len(k.compiled.run.calls) == 1
