@@ -47,7 +47,7 @@ from triton.runtime.driver import driver
 from .env import interpreting
 
 _MAX_ENTRIES = 512  # distinct (kernel, shape) launches kept; a training run sees a handful of sequence lengths
-_MAX_TMA_MAPS = 256  # encoded descriptors kept per kept kernel (argument position x base address)
+_MAX_TMA_MAPS = 1024  # encoded descriptors kept per kept kernel (position x base address: 9 per layer and step)
 _cache: dict = {}
 
 # Triton 3.6's launcher layout (backends/nvidia/driver.py: CudaLauncher, wrap_handle_tensordesc), the one the raw
