@@ -27,8 +27,9 @@ hooks read is built only while a hook is registered.
 
 On Triton 3.6 with no launch hook registered, a kept kernel is launched one level lower, through the compiled C
 launcher that ``CompiledKernel.run`` wraps (:func:`_raw_launcher`): tensors go in as their ``data_ptr()`` (the
-launcher then skips its per-pointer ``cuPointerGetAttribute`` check; the key already holds their dtype, and
-every tensor of a kept launch is a CUDA tensor), and each TMA descriptor as the ``CUtensorMap`` Triton would
+launcher then skips its per-pointer ``cuPointerGetAttribute`` check; the key holds their dtype and whether they
+are CUDA tensors, and the raw launch is kept only for a kernel whose tensors were CUDA tensors when Triton
+launched it), and each TMA descriptor as the ``CUtensorMap`` Triton would
 encode for it, kept per kept kernel, argument position and base address (the geometry is part of the key, so the
 address determines the map). That skips about 40 µs of Python and driver calls per Gluon launch on an H200 host
 (docs/kernel_notes.md). A kernel with global or profile scratch memory, or a launcher of another layout, keeps
@@ -38,6 +39,7 @@ the ``CompiledKernel.run`` call.
 from __future__ import annotations
 
 import re
+import types
 
 import torch
 import triton
@@ -55,9 +57,12 @@ _cache: dict = {}
 _RAW_LAYOUT = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) == (3, 6)
 if _RAW_LAYOUT:
     try:
+        from triton.backends.nvidia import driver as _nvidia_driver
         from triton.backends.nvidia.driver import make_tensordesc_arg
     except ImportError:  # a build without the NVIDIA backend
         _RAW_LAYOUT = False
+    else:  # the C launcher's leading arguments: grid, stream, function, flags, scratch, metadata, hooks
+        _RAW_LAYOUT = getattr(_nvidia_driver, "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO"
 _HOOK_CHAIN = getattr(knobs, "HookChain", None)
 
 
@@ -125,6 +130,11 @@ class _Entry:
         self.maps: dict = {}  # (position, base address) -> the descriptor's launcher arguments
 
 
+def _is_c_function(f) -> bool:
+    """Whether ``f`` is a function of a compiled extension module (the launcher Triton builds per signature)."""
+    return isinstance(f, types.BuiltinFunctionType)
+
+
 def _raw_launcher(compiled, full: tuple):
     """``(c_launch, (cooperative, pdl), tensor positions, ((descriptor position, its metadata), ...))`` for a
     compiled kernel of Triton 3.6 launched with the arguments ``full``, or None: another release, a kernel with
@@ -139,8 +149,10 @@ def _raw_launcher(compiled, full: tuple):
         return None
     fn = getattr(run, "launch", None)
     code = getattr(fn, "__code__", None)
-    if code is None:  # the C function: no descriptor arguments
+    if _is_c_function(fn):  # no descriptor arguments
         c_launch, descs = fn, ()
+    elif code is None:
+        return None
     else:
         cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
         c_launch, at, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
@@ -150,9 +162,11 @@ def _raw_launcher(compiled, full: tuple):
         if any(not isinstance(m, dict) or i >= len(full) or not isinstance(getattr(full[i], "base", None), torch.Tensor)
                for i, m in descs):
             return None
-    if c_launch is None or not callable(c_launch) or hasattr(c_launch, "__code__"):  # a Python function: unknown
+    if not _is_c_function(c_launch):
         return None
     pointers = tuple(i for i, a in enumerate(full) if isinstance(a, torch.Tensor))
+    if not all(full[i].is_cuda for i in pointers):  # Triton checks other tensors (pinned host memory): keep that
+        return None
     flags = (getattr(run, "launch_cooperative_grid", None), getattr(run, "launch_pdl", None))
     if None in flags:
         return None

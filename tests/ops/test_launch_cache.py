@@ -212,7 +212,7 @@ def test_stage_retry_on_shared_memory_remembers_the_count_that_fits(monkeypatch)
 
 
 class _CLauncher:
-    """Stands in for Triton 3.6's compiled C launch function (a callable without Python code)."""
+    """Stands in for Triton 3.6's compiled C launch function (``_raw_layout`` makes it pass as one)."""
 
     def __init__(self):
         self.calls = []
@@ -240,19 +240,32 @@ class _Run:
         self.calls.append(args)
 
 
-class _DescKernel(_Kernel):
-    """A kernel of ``(D0 descriptor, X, n, BLOCK: constexpr)`` compiled by Triton 3.6."""
-    arg_names = ["D0", "X", "n", "BLOCK"]
+class _RawKernel(_Kernel):
+    """A kernel compiled by Triton 3.6 with TMA descriptors at the positions ``descs`` (their metadata: a swizzle
+    number each) and a C launcher; no descriptors: ``run.launch`` is the C launcher itself."""
 
-    def __init__(self, scratch=0):
+    def __init__(self, arg_names, descs=(), scratch=0):
         super().__init__()
+        self.arg_names = arg_names
         self.c_launch = _CLauncher()
-        self.compiled.run = _Run(_wrap_handle_tensordesc(self.c_launch, {0}, [{"swizzle": 3}]))
+        launch = (_wrap_handle_tensordesc(self.c_launch, set(descs), [{"swizzle": 3 + i} for i in range(len(descs))])
+                  if descs else self.c_launch)
+        self.compiled.run = _Run(launch)
         self.compiled.run.global_scratch_size = scratch
 
 
+class _Cuda(torch.Tensor):
+    """A CPU tensor that reports itself on CUDA (the raw launch is kept for kernels of CUDA tensors only)."""
+    is_cuda = True
+
+
+def _cuda(t):
+    return t.as_subclass(_Cuda)
+
+
 def _raw_layout(monkeypatch) -> list:
-    """Triton 3.6's launcher layout, with a recording stand-in for its descriptor encoder."""
+    """Triton 3.6's launcher layout, with ``_CLauncher`` as its C function and a recording stand-in for its
+    descriptor encoder."""
     encoded = []
 
     def encode(desc, meta):
@@ -261,45 +274,71 @@ def _raw_layout(monkeypatch) -> list:
 
     monkeypatch.setattr(launch_cache, "_RAW_LAYOUT", True)
     monkeypatch.setattr(launch_cache, "make_tensordesc_arg", encode, raising=False)
+    monkeypatch.setattr(launch_cache, "_is_c_function", lambda f: isinstance(f, _CLauncher))
     return encoded
+
+
+def _head(kernel, grid):
+    """The 13 leading arguments of Triton 3.6's C launcher (``_BASE_ARGS_FORMAT``) for ``kernel`` at ``grid``."""
+    return (*grid, 0, 7, False, True, None, None, kernel.compiled.packed_metadata, None, None, None)
 
 
 def test_kept_kernels_launch_through_the_c_launcher_with_addresses_and_encoded_descriptors(monkeypatch):
     """With no launch hook, a kept kernel goes to the compiled C launcher: tensors as ``data_ptr()``, each
-    descriptor spliced as its encoded fields, encoded once per base address."""
+    descriptor spliced in place as its encoded fields, encoded once per position and base address."""
     _direct_launches_on_gpu_only(monkeypatch)
     encoded = _raw_layout(monkeypatch)
-    k, a, b, x = _DescKernel(), torch.zeros(64), torch.ones(64), torch.zeros(16)
-    for base in (a, a, b, a):
-        launch_cache.launch(k, (3, 2), _Desc(base, [4, 16]), x, 32, BLOCK=64)
+    k = _RawKernel(["D0", "X", "D2", "n", "BLOCK"], descs=(0, 2))
+    a, b, x = _cuda(torch.zeros(64)), _cuda(torch.ones(64)), _cuda(torch.zeros(16))
+    for first, second in ((a, b), (a, b), (b, b), (a, b)):
+        launch_cache.launch(k, (3, 2), _Desc(first, [4, 16]), x, _Desc(second, [4, 16]), 32, BLOCK=64)
     assert len(k.slow) == 1 and k.compiled.runs == [] and k.compiled.run.calls == []
-    assert encoded == [a.data_ptr(), b.data_ptr()]  # the first launch is Triton's own
-    head = ((3, 2, 1), 0, 7, False, True, None, None, k.compiled.packed_metadata, None, None, None)
-    assert [(c[:3], *c[3:13]) for c in k.c_launch.calls] == [head] * 3
-    assert [c[13:] for c in k.c_launch.calls] == [
-        ("map", 3, p, 4, 16, 16, 1, x.data_ptr(), 32, 64) for p in (a.data_ptr(), b.data_ptr(), a.data_ptr())]
+    pa, pb = a.data_ptr(), b.data_ptr()
+    assert encoded == [pb, pa, pb]  # the first launch is Triton's own; then (2, b), (0, a), (0, b)
+
+    def expanded(swizzle, p):
+        return ("map", swizzle, p, 4, 16, 16, 1)
+
+    assert k.c_launch.calls == [_head(k, (3, 2, 1)) + expanded(3, p0) + (x.data_ptr(),) + expanded(4, pb) + (32, 64)
+                                for p0 in (pa, pb, pa)]
+
+
+def test_a_kernel_without_descriptors_launches_through_its_c_launcher(monkeypatch):
+    _direct_launches_on_gpu_only(monkeypatch)
+    _raw_layout(monkeypatch)
+    k, x, y = _RawKernel(["X", "Y", "n", "scale", "BLOCK"]), _cuda(torch.zeros(16)), _cuda(torch.ones(16))
+    for _ in range(2):
+        launch_cache.launch(k, (5,), x, y, 32, 0.5, BLOCK=64)
+    assert k.c_launch.calls == [_head(k, (5, 1, 1)) + (x.data_ptr(), y.data_ptr(), 32, 0.5, 64)]
 
 
 def test_a_registered_launch_hook_gets_triton_launch_with_its_metadata(monkeypatch):
-    """A profiler's launch hook (proton, ...) sees every launch: then the kept kernel runs through
+    """A profiler's launch hook (proton adds one to the chain) sees every launch: then the kept kernel runs through
     ``CompiledKernel.run`` with the launch metadata and the hooks."""
     _direct_launches_on_gpu_only(monkeypatch)
     _raw_layout(monkeypatch)
     from triton import knobs
 
-    seen = []
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
-    k, x = _DescKernel(), torch.zeros(16)
+    seen, chain = [], knobs.HookChain()
+    chain.add(seen.append)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", chain)
+    k, x = _RawKernel(["D0", "X", "n", "BLOCK"], descs=(0,)), _cuda(torch.zeros(16))
     for _ in range(2):
-        launch_cache.launch(k, (1,), _Desc(torch.zeros(64), [4, 16]), x, 32, BLOCK=64)
+        launch_cache.launch(k, (1,), _Desc(_cuda(torch.zeros(64)), [4, 16]), x, 32, BLOCK=64)
     assert k.c_launch.calls == [] and len(k.compiled.run.calls) == 1
-    assert k.compiled.run.calls[0][7] == seen.append  # the enter hook, called by the launcher
+    assert k.compiled.run.calls[0][7] is chain  # the enter hook, which the launcher calls
 
 
-def test_a_kernel_with_scratch_memory_keeps_the_compiled_kernel_call(monkeypatch):
+@pytest.mark.parametrize("why", ["scratch memory", "a host tensor", "descriptor without metadata"])
+def test_kernels_outside_the_raw_layout_keep_the_compiled_kernel_call(monkeypatch, why):
+    """Scratch memory, a tensor Triton accepted off the GPU (pinned host memory) or a descriptor Triton decomposes
+    without metadata: the kept kernel runs through ``CompiledKernel.run``."""
     _direct_launches_on_gpu_only(monkeypatch)
     _raw_layout(monkeypatch)
-    k, x = _DescKernel(scratch=128), torch.zeros(16)
+    k = _RawKernel(["D0", "X", "n", "BLOCK"], descs=(0,), scratch=128 if why == "scratch memory" else 0)
+    if why == "descriptor without metadata":
+        k.compiled.run.launch = _wrap_handle_tensordesc(k.c_launch, {0}, [None])
+    x = torch.zeros(16) if why == "a host tensor" else _cuda(torch.zeros(16))
     for _ in range(2):
-        launch_cache.launch(k, (1,), _Desc(torch.zeros(64), [4, 16]), x, 32, BLOCK=64)
+        launch_cache.launch(k, (1,), _Desc(_cuda(torch.zeros(64)), [4, 16]), x, 32, BLOCK=64)
     assert k.c_launch.calls == [] and len(k.compiled.run.calls) == 1
